@@ -1,0 +1,91 @@
+"""Sample pointers and work chunks: the unit of fetching, in-flight tracking and replay."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+
+
+class SamplePointer(NamedTuple):
+    """One raw sample of the mixture: dataset ``component``, row ``index``."""
+
+    component: int
+    index: int
+
+
+@dataclass(frozen=True, eq=False)
+class WorkChunk:
+    """A small batch of sample pointers for one lane.
+
+    ``components[i]``/``indices[i]`` is the i-th pointer (offset ``i``). ``component_order``
+    is the order in which the mixture interleaved components in this chunk (the same as
+    ``components``; kept under the spec's name). ``seed`` is a per-chunk seed derived from
+    the work source's seed, the lane and the chunk id, for operators that want randomness
+    tied to the data rather than to the process.
+    """
+
+    lane: int
+    chunk_id: int
+    components: np.ndarray  # int32 [n]
+    indices: np.ndarray  # int64 [n]
+    seed: int
+
+    def __post_init__(self) -> None:
+        if self.components.shape != self.indices.shape or self.components.ndim != 1:
+            raise ValueError(
+                f"WorkChunk components and indices must be 1-D and equally long; got "
+                f"{self.components.shape} and {self.indices.shape}"
+            )
+
+    def __len__(self) -> int:
+        return int(self.indices.shape[0])
+
+    @property
+    def pointers(self) -> tuple[SamplePointer, ...]:
+        return tuple(
+            SamplePointer(int(c), int(i)) for c, i in zip(self.components, self.indices)
+        )
+
+    @property
+    def component_order(self) -> tuple[int, ...]:
+        return tuple(int(c) for c in self.components)
+
+    @classmethod
+    def from_pointers(
+        cls, lane: int, chunk_id: int, pointers: list[SamplePointer] | tuple[SamplePointer, ...], seed: int
+    ) -> WorkChunk:
+        comps = np.fromiter((p[0] for p in pointers), dtype=np.int32, count=len(pointers))
+        idx = np.fromiter((p[1] for p in pointers), dtype=np.int64, count=len(pointers))
+        return cls(lane, chunk_id, comps, idx, seed)
+
+    def to_state(self) -> dict[str, Any]:
+        """Msgpack-able form, stored in full in checkpoints."""
+        return {
+            "lane": self.lane,
+            "chunk_id": self.chunk_id,
+            "components": self.components.astype("<i4").tobytes(),
+            "indices": self.indices.astype("<i8").tobytes(),
+            "seed": self.seed,
+        }
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> WorkChunk:
+        comps = np.frombuffer(state["components"], dtype="<i4").astype(np.int32)
+        idx = np.frombuffer(state["indices"], dtype="<i8").astype(np.int64)
+        return cls(int(state["lane"]), int(state["chunk_id"]), comps, idx, int(state["seed"]))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, WorkChunk):
+            return NotImplemented
+        return (
+            self.lane == other.lane
+            and self.chunk_id == other.chunk_id
+            and self.seed == other.seed
+            and np.array_equal(self.components, other.components)
+            and np.array_equal(self.indices, other.indices)
+        )
+
+    def __repr__(self) -> str:
+        return f"WorkChunk(lane={self.lane}, chunk_id={self.chunk_id}, len={len(self)}, seed={self.seed})"

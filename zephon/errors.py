@@ -1,0 +1,37 @@
+"""Zephon's exception tree.
+
+Every concrete error also inherits the builtin a caller would naturally catch, so
+``except ValueError`` keeps working for bad checkpoints and ``except RuntimeError``
+for broken operator contracts.
+"""
+
+from __future__ import annotations
+
+
+class ZephonError(Exception):
+    """Base class of every error Zephon raises on purpose."""
+
+
+class CheckpointError(ZephonError, ValueError):
+    """A checkpoint cannot be written, read or restored (corrupt, truncated, wrong
+    format version, fingerprint mismatch, replay target lost, ...)."""
+
+
+class ContractViolation(ZephonError, RuntimeError):
+    """An operator broke the operator contract (e.g. pending data after a reset flush)."""
+
+
+class WorkerError(ZephonError, RuntimeError):
+    """A worker process failed: crashed, was killed, hung, or raised."""
+
+
+class ShmError(ZephonError, OSError):
+    """Shared memory could not be created, mapped or used."""
+
+
+class RingError(ZephonError, RuntimeError):
+    """The shared-memory ring is in a state it cannot recover from (bad header, closed)."""
+
+
+class AggregationError(ZephonError, RuntimeError):
+    """A multi-rank checkpoint round failed (timeout, missing ranks, leader failure)."""

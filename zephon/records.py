@@ -1,0 +1,120 @@
+"""What flows between operators: records, tombstones and flush sentinels.
+
+A record's identity is its :class:`SampleCursor` ``(lane, chunk_id, offset, child)``, the
+cursor of its first fragment; it is never an ordinal position. ``contributors`` lists every
+piece of every sample that went into the record, which is how the parent closes per-offset
+completion when the record is delivered.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+
+class SampleCursor(NamedTuple):
+    """The unique identity of a record: ``(lane, chunk_id, offset, child)``."""
+
+    lane: int
+    chunk_id: int
+    offset: int
+    child: int
+
+
+class Contributor(NamedTuple):
+    """One piece of one sample that went into a record."""
+
+    chunk_id: int
+    offset: int
+    child: int
+    is_last_child: bool
+
+
+class Record:
+    """Data plus identity plus contributor metadata.
+
+    Attributes:
+        data: the payload (raw sample after ``fetch``, a dict of arrays after ``tokenize``).
+        lane: the lane the record belongs to.
+        contributors: the sample pieces in the record, first fragment first.
+        mix: per-component weight carried by the record (token counts once tokenized,
+            1 per sample before that); ``ensure_mixture`` balances on it.
+    """
+
+    __slots__ = ("data", "lane", "contributors", "mix")
+
+    def __init__(
+        self, data: Any, lane: int, contributors: list[Contributor], mix: dict[int, int]
+    ) -> None:
+        self.data = data
+        self.lane = lane
+        self.contributors = contributors
+        self.mix = mix
+
+    @property
+    def cursor(self) -> SampleCursor:
+        first = self.contributors[0]
+        return SampleCursor(self.lane, first[0], first[1], first[2])
+
+    def replace(self, data: Any) -> Record:
+        """The same identity carrying new data."""
+        return Record(data, self.lane, self.contributors, self.mix)
+
+    def __repr__(self) -> str:
+        return f"Record(cursor={tuple(self.cursor)}, contributors={len(self.contributors)})"
+
+
+class BatchRecord(Record):
+    """The output of ``batch``: stacked data of several records of one lane.
+
+    ``last_cursor`` is the cursor of the last record stacked into it; once the batch is
+    delivered it becomes the lane's replay cursor.
+    """
+
+    __slots__ = ("last_cursor", "num_records")
+
+    def __init__(
+        self,
+        data: Any,
+        lane: int,
+        contributors: list[Contributor],
+        mix: dict[int, int],
+        last_cursor: SampleCursor,
+        num_records: int,
+    ) -> None:
+        super().__init__(data, lane, contributors, mix)
+        self.last_cursor = last_cursor
+        self.num_records = num_records
+
+    def __repr__(self) -> str:
+        return f"BatchRecord(lane={self.lane}, records={self.num_records}, last={tuple(self.last_cursor)})"
+
+
+class Tombstone:
+    """A record-less message: these contributors were dropped and will never be delivered."""
+
+    __slots__ = ("lane", "contributors")
+
+    def __init__(self, lane: int, contributors: list[Contributor]) -> None:
+        self.lane = lane
+        self.contributors = contributors
+
+    def __repr__(self) -> str:
+        return f"Tombstone(lane={self.lane}, contributors={self.contributors})"
+
+
+class FlushSentinel:
+    """Marks an epoch boundary of one lane: history-dependent operators flush and reset.
+
+    ``boundary`` is the id of the first chunk after the sentinel. ``final`` marks the end of
+    the lane's stream: then even ``batch`` emits (or drops) what it holds.
+    """
+
+    __slots__ = ("lane", "boundary", "final")
+
+    def __init__(self, lane: int, boundary: int, final: bool = False) -> None:
+        self.lane = lane
+        self.boundary = boundary
+        self.final = final
+
+    def __repr__(self) -> str:
+        return f"FlushSentinel(lane={self.lane}, boundary={self.boundary}, final={self.final})"
