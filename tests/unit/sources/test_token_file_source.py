@@ -1,0 +1,115 @@
+from __future__ import annotations
+
+import pickle
+import re
+
+import numpy as np
+import pytest
+
+from zephon.sources import TokenFileSource
+
+
+def write_tokens(path, tokens, dtype="<u2"):
+    np.asarray(tokens, dtype=dtype).tofile(path)
+    return path
+
+
+def docs(*lists):
+    return [{"tokens": np.array(d, dtype=np.int32)} for d in lists]
+
+
+@pytest.mark.parametrize(
+    ("tokens", "expected"),
+    [
+        ([5, 6, 0, 7, 0], [[5, 6, 0], [7, 0]]),
+        ([0, 5, 6, 0], [[0], [5, 6, 0]]),  # leading EOS: a one-token document
+        ([5, 0, 0, 0, 6, 0], [[5, 0], [0], [0], [6, 0]]),  # consecutive EOS
+        ([5, 0, 6, 7], [[5, 0], [6, 7]]),  # no trailing EOS: the tail is a document
+        ([5, 6, 7], [[5, 6, 7]]),  # no EOS at all
+        ([0], [[0]]),
+    ],
+)
+def test_eos_split(tmp_path, check_source, tokens, expected):
+    ds = TokenFileSource(write_tokens(tmp_path / "t.bin", tokens), eos_id=0)
+    check_source(ds, docs(*expected))
+
+
+def test_eos_split_uint32_across_scan_blocks(tmp_path, monkeypatch, check_source):
+    # Small scan blocks so that documents straddle block edges.
+    monkeypatch.setattr("zephon.sources.token_file._SCAN_TOKENS", 4)
+    eos = 70_000  # does not fit uint16
+    tokens = [1, 2, eos, 3, 4, 5, 6, 7, eos, eos, 8, 9, 10, 11]
+    ds = TokenFileSource(write_tokens(tmp_path / "t.bin", tokens, "<u4"), "uint32", eos_id=eos)
+    check_source(ds, docs([1, 2, eos], [3, 4, 5, 6, 7, eos], [eos], [8, 9, 10, 11]))
+
+
+def test_empty_file_has_no_documents(tmp_path):
+    (tmp_path / "t.bin").write_bytes(b"")
+    assert len(TokenFileSource(tmp_path / "t.bin", eos_id=0)) == 0
+    np.array([0], dtype="<i8").tofile(tmp_path / "t.idx")
+    assert len(TokenFileSource(tmp_path / "t.bin", index_path=tmp_path / "t.idx")) == 0
+
+
+def test_index_split(tmp_path, check_source):
+    path = write_tokens(tmp_path / "t.bin", range(10, 20))
+    np.array([0, 3, 3, 9, 10], dtype="<i8").tofile(tmp_path / "t.idx")
+    ds = TokenFileSource(path, index_path=tmp_path / "t.idx")
+    check_source(ds, docs([10, 11, 12], [], [13, 14, 15, 16, 17, 18], [19]))
+
+
+@pytest.mark.parametrize(
+    ("offsets", "error"),
+    [
+        ([1, 3, 10], "must start at offset 0; position 0 holds 1"),
+        ([0, 5, 4, 10], "must be non-decreasing; position 2 holds 4, less than 5"),
+        ([0, 5, 9], "must end at the token count 10; its last position 2 holds 9"),
+        ([0, 5, 11], "must end at the token count 10; its last position 2 holds 11"),
+        ([], "holds 0 bytes"),
+    ],
+)
+def test_bad_index_file(tmp_path, offsets, error):
+    path = write_tokens(tmp_path / "t.bin", range(10))
+    np.array(offsets, dtype="<i8").tofile(tmp_path / "t.idx")
+    with pytest.raises(ValueError, match=re.escape(f"index file {tmp_path / 't.idx'}")) as info:
+        TokenFileSource(path, index_path=tmp_path / "t.idx")
+    assert error in str(info.value)
+
+
+def test_index_file_of_odd_size(tmp_path):
+    path = write_tokens(tmp_path / "t.bin", range(10))
+    (tmp_path / "t.idx").write_bytes(b"\0" * 12)
+    with pytest.raises(ValueError, match="holds 12 bytes"):
+        TokenFileSource(path, index_path=tmp_path / "t.idx")
+
+
+def test_file_size_not_a_multiple_of_the_dtype(tmp_path):
+    (tmp_path / "t.bin").write_bytes(b"\0" * 6)
+    with pytest.raises(ValueError, match=r"holds 6 bytes, not a multiple of 4 \(uint32\)"):
+        TokenFileSource(tmp_path / "t.bin", "uint32", eos_id=0)
+
+
+def test_needs_exactly_one_split(tmp_path):
+    path = write_tokens(tmp_path / "t.bin", range(4))
+    with pytest.raises(ValueError, match="exactly one of eos_id"):
+        TokenFileSource(path)
+    with pytest.raises(ValueError, match="exactly one of eos_id"):
+        TokenFileSource(path, eos_id=0, index_path=path)
+
+
+def test_rejects_bad_dtype_and_eos_id(tmp_path):
+    path = write_tokens(tmp_path / "t.bin", range(4))
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        TokenFileSource(path, "int64", eos_id=0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="eos_id 70000 does not fit uint16"):
+        TokenFileSource(path, eos_id=70_000)
+
+
+def test_reads_are_copies(tmp_path):
+    ds = TokenFileSource(write_tokens(tmp_path / "t.bin", [1, 2, 0]), eos_id=0)
+    ds[0]["tokens"][0] = 99
+    assert ds[0]["tokens"][0] == 1
+
+
+def test_pickle_does_not_carry_the_tokens(tmp_path):
+    ds = TokenFileSource(write_tokens(tmp_path / "t.bin", [7] * 100_000 + [0]), eos_id=0)
+    assert len(pickle.dumps(ds)) < 10_000

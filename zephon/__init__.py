@@ -1,0 +1,62 @@
+"""Zephon: a data loader for JAX that checkpoints at any step and resumes exactly.
+
+``import zephon`` never imports JAX; ``zephon.jax`` does.
+"""
+
+from zephon.checkpoint import load, save
+from zephon.chunks import SamplePointer, WorkChunk
+from zephon.errors import (
+    AggregationError,
+    CheckpointError,
+    ContractViolation,
+    RingError,
+    ShmError,
+    WorkerError,
+    ZephonError,
+)
+from zephon.operators import Operator, OpTraits
+from zephon.pipeline import Pipeline
+from zephon.records import (
+    BatchRecord,
+    Contributor,
+    FlushSentinel,
+    Record,
+    SampleCursor,
+    Tombstone,
+)
+from zephon.sources import ArraySource, JsonlSource, ParquetSource, TokenFileSource
+from zephon.tokenizers import ByteTokenizer
+from zephon.work_sources import StaticMixtureWorkSource, WorkSource
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AggregationError",
+    "ArraySource",
+    "BatchRecord",
+    "ByteTokenizer",
+    "CheckpointError",
+    "ContractViolation",
+    "Contributor",
+    "FlushSentinel",
+    "JsonlSource",
+    "OpTraits",
+    "Operator",
+    "ParquetSource",
+    "Pipeline",
+    "Record",
+    "RingError",
+    "SampleCursor",
+    "SamplePointer",
+    "ShmError",
+    "StaticMixtureWorkSource",
+    "TokenFileSource",
+    "Tombstone",
+    "WorkChunk",
+    "WorkSource",
+    "WorkerError",
+    "ZephonError",
+    "__version__",
+    "load",
+    "save",
+]

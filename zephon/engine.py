@@ -1,0 +1,253 @@
+"""The per-rank engine: lanes' trackers, the producer, the prefetch pump and delivery.
+
+One engine per rank owns the work sources, the in-flight sets, completion tracking,
+eviction and the replay cursors (all in :class:`~zephon.tracking.LaneTracker`). It sees
+chunks going out and outputs coming back; the operators run in an executor (here, in this
+process; with ``workers`` > 0, in worker processes).
+
+The producer walks the rank's lanes in output order (round-robin for ``interleave``, all
+lanes per step for ``lockstep``) and a pump thread runs it ``prefetch`` outputs ahead.
+Nothing counts as delivered until ``next()`` returns it: only then are offsets closed,
+chunks evicted and the replay cursor moved.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from zephon.compile import Plan
+from zephon.replay import ReplayFilter
+from zephon.runners.chain import ChainRunner, LaneOutput
+from zephon.tracking import LaneTracker
+
+INTERLEAVE = "interleave"
+LOCKSTEP = "lockstep"
+_DONE = object()
+_POLL_S = 0.1
+
+
+class _Failure:
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+class LocalExecutor:
+    """Runs the chain in this process (``workers=0``)."""
+
+    def __init__(self, plan: Plan) -> None:
+        cap = max(op.parallelism for op in plan.ops)
+        self.pool = ThreadPoolExecutor(cap, thread_name_prefix="zephon-op") if cap > 1 else None
+        self.runner = ChainRunner([op.fresh() for op in plan.ops], self.pool)
+        self.replay_filter = self.runner.ops[plan.filter_index]
+        assert isinstance(self.replay_filter, ReplayFilter)
+
+    def run(self, feed: list[Any]) -> list[LaneOutput]:
+        return self.runner.feed(feed)
+
+    def op_stats(self) -> list[dict[str, Any]]:
+        return [
+            {"name": op.name, "records_in": s.records_in, "records_out": s.records_out, "seconds": round(s.seconds, 6)}
+            for op, s in zip(self.runner.ops, self.runner.stats)
+        ]
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def concat_lockstep(outputs: list[LaneOutput]) -> Any:
+    datas = [o.record.data for o in outputs]  # type: ignore[union-attr]
+    if isinstance(datas[0], dict):
+        return {k: np.concatenate([d[k] for d in datas]) for k in datas[0]}
+    return np.concatenate(datas)
+
+
+class Engine:
+    def __init__(
+        self,
+        plan: Plan,
+        trackers: dict[int, LaneTracker],
+        output: str,
+        prefetch: int,
+        executor: LocalExecutor,
+    ) -> None:
+        self.plan = plan
+        self.trackers = trackers
+        self.lanes = sorted(trackers)
+        self.output = output
+        self.prefetch = prefetch
+        self.executor = executor
+        self.lock = threading.RLock()
+        self.ready: dict[int, deque[LaneOutput]] = {lane: deque() for lane in self.lanes}
+        self.next_lane = self.lanes[0]  # consumer side: whose turn after the last delivery
+        self.replayed_chunks = 0
+        self.started = False
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=max(prefetch, 1))
+        self._thread: threading.Thread | None = None
+        self._gen: Iterator[Any] | None = None
+        self._stop = threading.Event()
+        self._error: BaseException | None = None
+        self._finished = False
+
+    # ------------------------------------------------------------ production
+    def _next_output(self, lane: int) -> LaneOutput:
+        ready = self.ready[lane]
+        tracker = self.trackers[lane]
+        while not ready:
+            with self.lock:
+                feed = tracker.pull()
+            if not feed:
+                raise RuntimeError(f"lane {lane} was pulled after its end; this is a Zephon bug")
+            for out in self.executor.run(feed):
+                self.ready[out.lane].append(out)
+        return ready.popleft()
+
+    def _produce(self) -> Iterator[Any]:
+        if self.output == LOCKSTEP:
+            lanes = self.lanes
+            while True:
+                step = [self._next_output(lane) for lane in lanes]
+                if any(o.end for o in step):
+                    break
+                yield step
+        else:
+            rot = [lane for lane in self.lanes if not self.trackers[lane].done]
+            pos = next((i for i, lane in enumerate(rot) if lane >= self.next_lane), 0)
+            while rot:
+                pos %= len(rot)
+                out = self._next_output(rot[pos])
+                yield out
+                if out.end:
+                    del rot[pos]
+                else:
+                    pos += 1
+        yield _DONE
+
+    def _pump(self) -> None:
+        assert self._gen is not None
+        try:
+            for item in self._gen:
+                if not self._put(item):
+                    return
+        except BaseException as e:  # noqa: BLE001 - forwarded to the consumer
+            self._put(_Failure(e))
+
+    def _put(self, item: Any) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=_POLL_S)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _take(self) -> Any:
+        if self._thread is None:
+            assert self._gen is not None
+            try:
+                return next(self._gen)
+            except StopIteration:
+                return _DONE
+        while True:
+            try:
+                return self._queue.get(timeout=_POLL_S)
+            except queue.Empty:
+                if not self._thread.is_alive() and self._queue.empty():
+                    raise RuntimeError("the prefetch pump stopped without a result") from None
+
+    def start(self) -> None:
+        if self.started:
+            return
+        self.started = True
+        self._gen = self._produce()
+        if self.prefetch > 0:
+            self._thread = threading.Thread(target=self._pump, name="zephon-pump", daemon=True)
+            self._thread.start()
+
+    # -------------------------------------------------------------- delivery
+    def next(self) -> Any:
+        if self._error is not None:
+            raise self._error
+        if self._finished:
+            raise StopIteration
+        self.start()
+        while True:
+            try:
+                item = self._take()
+            except BaseException as e:
+                self._error = e
+                raise
+            if item is _DONE:
+                self._finished = True
+                raise StopIteration
+            if isinstance(item, _Failure):
+                self._error = item.error
+                raise item.error
+            if isinstance(item, list):
+                with self.lock:
+                    for out in item:
+                        self._deliver(out)
+                return concat_lockstep(item)
+            with self.lock:
+                self._deliver(item)
+                if item.record is not None:
+                    i = self.lanes.index(item.lane)
+                    self.next_lane = self.lanes[(i + 1) % len(self.lanes)]
+            if item.record is not None:
+                return item.record.data
+
+    def _deliver(self, out: LaneOutput) -> None:
+        tracker = self.trackers[out.lane]
+        rec = out.record
+        if rec is None:
+            tracker.deliver(out.tombstones, None)
+            if out.end:
+                tracker.done = True
+            return
+        contributors = rec.contributors + out.tombstones if out.tombstones else rec.contributors
+        tracker.deliver(contributors, getattr(rec, "last_cursor", None) or rec.cursor)
+
+    # ------------------------------------------------------------ state/stats
+    def state(self) -> dict[str, Any]:
+        with self.lock:
+            return {
+                "lanes": [self.trackers[lane].state() for lane in self.lanes],
+                "round_robin": {"next_lane": self.next_lane},
+            }
+
+    def stats(self) -> dict[str, Any]:
+        with self.lock:
+            lanes = {
+                lane: {
+                    "inflight_chunks": len(t.inflight),
+                    "boundaries": len(t.boundaries),
+                    "batches": t.batches,
+                    "evicted_chunks": t.evicted,
+                    "next_chunk_id": t.next_chunk_id,
+                    "done": t.done,
+                }
+                for lane, t in self.trackers.items()
+            }
+        return {
+            "lanes": lanes,
+            "operators": self.executor.op_stats(),
+            "queue_fill": self._queue.qsize(),
+            "final_prefetch": self.prefetch,
+            "replayed_chunks": self.replayed_chunks,
+            "replay_dropped_records": self.executor.replay_filter.dropped,
+        }
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+        self.executor.close()

@@ -1,0 +1,28 @@
+"""Built-in operators and the operator contract."""
+
+from zephon.operators.base import LaneStateOperator, Operator, OpTraits, PipelineContext
+from zephon.operators.batch import Batch
+from zephon.operators.ensure_mixture import EnsureMixture
+from zephon.operators.fetch import Fetch
+from zephon.operators.filter import Filter
+from zephon.operators.map import Map
+from zephon.operators.pack import Pack
+from zephon.operators.shuffle import Shuffle
+from zephon.operators.split import Split
+from zephon.operators.tokenize import Tokenize
+
+__all__ = [
+    "Batch",
+    "EnsureMixture",
+    "Fetch",
+    "Filter",
+    "LaneStateOperator",
+    "Map",
+    "OpTraits",
+    "Operator",
+    "Pack",
+    "PipelineContext",
+    "Shuffle",
+    "Split",
+    "Tokenize",
+]

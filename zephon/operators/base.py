@@ -1,0 +1,107 @@
+"""The operator contract: ``process``, ``flush(reset, lane_id)``, ``pending(lane_id)``.
+
+Every operator keeps all of its per-lane state keyed by ``lane_id`` so one instance can serve
+every lane a process runs. History-dependent operators must return to their construction
+state on ``flush(reset=True, ...)``; the runner checks ``pending(lane_id) == 0`` afterwards and
+raises :class:`~zephon.errors.ContractViolation` naming the operator otherwise.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from zephon.records import FlushSentinel, Record, Tombstone
+
+Output = Record | Tombstone
+
+
+@dataclass(frozen=True)
+class OpTraits:
+    """What the compiler needs to know about an operator.
+
+    Args:
+        preserves_cursor_order: records leave in the order (of cursors) they came in. Any
+            operator that reorders forces epoch-based eviction and flush sentinels.
+        stateful: the operator keeps history between records (bins, buffers, deficits);
+            such operators run in ``stream_items`` mode and are flushed at every sentinel.
+    """
+
+    preserves_cursor_order: bool
+    stateful: bool
+
+
+@dataclass
+class PipelineContext:
+    """What an operator may learn about the pipeline it is compiled into."""
+
+    datasets: Sequence[Any] = ()
+    weights: Sequence[float] | None = None
+    seed: int = 0
+    num_components: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Operator:
+    """Base class for built-in and custom operators.
+
+    Subclasses set ``traits`` and ``name`` and implement :meth:`process`; history-dependent
+    ones also implement :meth:`flush` and :meth:`pending`. ``parallelism`` > 1 lets an
+    order-preserving stateless operator run on a thread pool (results put back in order).
+    """
+
+    traits: OpTraits = OpTraits(preserves_cursor_order=True, stateful=False)
+    name: str = "op"
+    parallelism: int = 1
+    #: Only ``batch`` may hold records across an epoch boundary (it sits after the replay
+    #: filter, so the checkpoint cut always falls between whole batches).
+    stalls_at_boundaries: bool = False
+
+    def bind(self, ctx: PipelineContext) -> None:
+        """Called once at compile time, before any record."""
+
+    def process(self, record: Record) -> Iterable[Output]:
+        raise NotImplementedError(f"{type(self).__name__} must implement process(record)")
+
+    def process_batch(self, records: list[Record]) -> list[Output]:
+        """All records of one chunk (order-preserving stages); override to batch I/O."""
+        out: list[Output] = []
+        for r in records:
+            out.extend(self.process(r))
+        return out
+
+    def flush(self, reset: bool, lane_id: int) -> Iterable[Output]:
+        """Emit everything pending for ``lane_id``; with ``reset`` forget the lane's state."""
+        return ()
+
+    def pending(self, lane_id: int) -> int:
+        """How many records (or fragments) the operator still holds for ``lane_id``."""
+        return 0
+
+    def on_sentinel(self, sentinel: FlushSentinel) -> None:
+        """Sees every flush sentinel before :meth:`flush` (used by the replay filter)."""
+
+    def fresh(self) -> Operator:
+        """A copy with no per-lane state, so two pipelines never share accumulators."""
+        return copy.deepcopy(self)
+
+    def fingerprint(self) -> str:
+        """A stable description of the definition (parameters, not state)."""
+        return repr(self)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+class LaneStateOperator(Operator):
+    """An operator whose state lives in ``self._lanes[lane_id]``; ``fresh`` shares the rest."""
+
+    def __init__(self) -> None:
+        self._lanes: dict[int, Any] = {}
+
+    def fresh(self) -> Operator:
+        clone = copy.copy(self)
+        clone._lanes = {}
+        return clone

@@ -1,0 +1,93 @@
+"""``batch``: stack records of one lane into numpy arrays.
+
+The replay filter sits right before ``batch``, so batches always start from an empty buffer
+at the checkpoint cut; that is why ``batch`` alone may hold records across an epoch
+boundary. ``allocate`` lets a worker hand out arrays that live in a shared-memory ring slot,
+so rows are stacked straight into the slot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+
+from zephon.operators.base import LaneStateOperator, OpTraits, Output
+from zephon.records import BatchRecord, Record, Tombstone
+
+Allocator = Callable[[int, dict[str, tuple[tuple[int, ...], np.dtype]]], dict[str, np.ndarray]]
+
+
+def _default_allocate(lane: int, spec: dict[str, tuple[tuple[int, ...], np.dtype]]) -> dict[str, np.ndarray]:
+    return {k: np.empty(shape, dtype) for k, (shape, dtype) in spec.items()}
+
+
+class Batch(LaneStateOperator):
+    traits = OpTraits(preserves_cursor_order=True, stateful=True)
+    name = "batch"
+    stalls_at_boundaries = True
+
+    def __init__(self, batch_size: int, drop_last: bool = True) -> None:
+        super().__init__()
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch(batch_size=...) must be a positive int; got {batch_size!r}")
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.allocate: Allocator = _default_allocate
+
+    def process(self, record: Record) -> Iterable[Output]:
+        buf = self._lanes.get(record.lane)
+        if buf is None:
+            buf = self._lanes[record.lane] = []
+        buf.append(record)
+        if len(buf) < self.batch_size:
+            return ()
+        del self._lanes[record.lane]
+        return (self._stack(buf),)
+
+    def _stack(self, records: list[Record]) -> BatchRecord:
+        first = records[0].data
+        n = len(records)
+        if isinstance(first, dict):
+            spec = {}
+            for k, v in first.items():
+                a = np.asarray(v)
+                spec[k] = ((n, *a.shape), a.dtype)
+            out = self.allocate(records[0].lane, spec)
+            for k in spec:
+                try:
+                    np.stack([r.data[k] for r in records], out=out[k])
+                except (ValueError, KeyError) as e:
+                    shapes = [np.shape(r.data.get(k)) for r in records]
+                    raise ValueError(
+                        f"batch: feature {k!r} cannot be stacked (shapes {shapes}); "
+                        "pad or pack records to one shape before batch"
+                    ) from e
+            data: Any = out
+        else:
+            data = np.stack([np.asarray(r.data) for r in records])
+        contributors = [c for r in records for c in r.contributors]
+        mix: dict[int, int] = {}
+        for r in records:
+            for comp, w in r.mix.items():
+                mix[comp] = mix.get(comp, 0) + w
+        return BatchRecord(data, records[0].lane, contributors, mix, records[-1].cursor, n)
+
+    def flush(self, reset: bool, lane_id: int) -> Iterable[Output]:
+        buf = self._lanes.pop(lane_id, None)
+        if not buf:
+            return ()
+        if self.drop_last:
+            # The remainder is never delivered; saying so keeps completion tracking honest.
+            return (Tombstone(lane_id, [c for r in buf for c in r.contributors]),)
+        return (self._stack(buf),)
+
+    def pending(self, lane_id: int) -> int:
+        return len(self._lanes.get(lane_id, ()))
+
+    def fingerprint(self) -> str:
+        return repr(self)
+
+    def __repr__(self) -> str:
+        return f"Batch(batch_size={self.batch_size}, drop_last={self.drop_last})"

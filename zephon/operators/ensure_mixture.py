@@ -1,0 +1,118 @@
+"""``ensure_mixture``: correct the mixture so each component's *token* share tracks its weight.
+
+Records wait in one queue per component (a packed record belongs to the component that
+gave it most tokens). Whenever every positive-weight component has a record waiting, or
+more than ``buffer_size`` records wait, the record from the component with the largest
+deficit ``w_c * emitted_total - emitted_c`` goes out. Deficits are counted in the records'
+``mix`` (tokens once tokenized) and reset with the lane at every flush.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable, Sequence
+
+from zephon.operators.base import LaneStateOperator, OpTraits, Output, PipelineContext
+from zephon.records import Record
+
+
+class _Mix:
+    __slots__ = ("queues", "emitted", "total", "waiting")
+
+    def __init__(self, n: int) -> None:
+        self.queues: list[deque[Record]] = [deque() for _ in range(n)]
+        self.emitted = [0] * n
+        self.total = 0
+        self.waiting = 0
+
+
+class EnsureMixture(LaneStateOperator):
+    traits = OpTraits(preserves_cursor_order=False, stateful=True)
+    name = "ensure_mixture"
+
+    def __init__(self, weights: Sequence[float] | None = None, buffer_size: int = 16) -> None:
+        super().__init__()
+        if not isinstance(buffer_size, int) or buffer_size < 1:
+            raise ValueError(f"ensure_mixture(buffer_size=...) must be a positive int; got {buffer_size!r}")
+        self.weights = None if weights is None else tuple(float(w) for w in weights)
+        self.buffer_size = buffer_size
+        self._w: tuple[float, ...] = ()
+        self._active: tuple[int, ...] = ()
+
+    def bind(self, ctx: PipelineContext) -> None:
+        weights = self.weights if self.weights is not None else ctx.weights
+        if weights is None:
+            raise ValueError(
+                "ensure_mixture() has no weights: the work source has none; pass ensure_mixture(weights=[...])"
+            )
+        weights = list(weights.values()) if isinstance(weights, dict) else list(weights)
+        if ctx.num_components and len(weights) != ctx.num_components:
+            raise ValueError(
+                f"ensure_mixture: {len(weights)} weights for {ctx.num_components} components; "
+                "give one weight per dataset of the work source"
+            )
+        if any(not math.isfinite(w) or w < 0 for w in weights) or sum(weights) <= 0:
+            raise ValueError(
+                f"ensure_mixture weights must be finite, non-negative and sum to > 0; got {weights}"
+            )
+        s = sum(weights)
+        self._w = tuple(w / s for w in weights)
+        self._active = tuple(i for i, w in enumerate(self._w) if w > 0)
+
+    def _state(self, lane: int) -> _Mix:
+        st = self._lanes.get(lane)
+        if st is None:
+            st = self._lanes[lane] = _Mix(len(self._w))
+        return st
+
+    def process(self, record: Record) -> Iterable[Output]:
+        st = self._state(record.lane)
+        mix = record.mix
+        comp = max(mix, key=lambda c: (mix[c], -c)) if len(mix) > 1 else next(iter(mix))
+        if not 0 <= comp < len(self._w):
+            raise ValueError(
+                f"ensure_mixture: record of component {comp}, but weights cover {len(self._w)} components"
+            )
+        st.queues[comp].append(record)
+        st.waiting += 1
+        out: list[Output] = []
+        while st.waiting and (
+            st.waiting > self.buffer_size or all(st.queues[c] for c in self._active)
+        ):
+            out.append(self._pop(st))
+        return out
+
+    def _pop(self, st: _Mix) -> Record:
+        w, total, emitted = self._w, st.total, st.emitted
+        best, best_deficit = -1, -math.inf
+        for c, q in enumerate(st.queues):
+            if q:
+                deficit = w[c] * total - emitted[c]
+                if deficit > best_deficit:
+                    best, best_deficit = c, deficit
+        rec = st.queues[best].popleft()
+        st.waiting -= 1
+        for c, n in rec.mix.items():
+            emitted[c] += n
+            st.total += n
+        return rec
+
+    def flush(self, reset: bool, lane_id: int) -> Iterable[Output]:
+        st = self._lanes.get(lane_id)
+        if st is None:
+            return ()
+        out = [self._pop(st) for _ in range(st.waiting)]
+        if reset:
+            del self._lanes[lane_id]
+        return out
+
+    def pending(self, lane_id: int) -> int:
+        st = self._lanes.get(lane_id)
+        return 0 if st is None else st.waiting
+
+    def fingerprint(self) -> str:
+        return f"EnsureMixture(weights={list(self._w)}, buffer_size={self.buffer_size})"
+
+    def __repr__(self) -> str:
+        return f"EnsureMixture(weights={self.weights}, buffer_size={self.buffer_size})"

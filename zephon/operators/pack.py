@@ -1,0 +1,124 @@
+"""``pack``: first-fit packing of pieces into ``num_bins`` open bins of ``seq_len``.
+
+Emits ``{f, f_segment_ids, f_positions}`` per packed feature (Grain's naming), padded to
+``seq_len`` with 0; segment ids start at 1 and 0 marks padding. A bin is emitted when it
+becomes full, or when a piece fits nowhere (then the fullest bin goes, lowest index on
+ties). The bins' state depends on all history, which is why flush sentinels exist.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from zephon.operators.base import LaneStateOperator, OpTraits, Output
+from zephon.records import Record
+
+
+class _Bins:
+    __slots__ = ("pieces", "fill")
+
+    def __init__(self, num_bins: int) -> None:
+        self.pieces: list[list[Record]] = [[] for _ in range(num_bins)]
+        self.fill = [0] * num_bins
+
+
+class Pack(LaneStateOperator):
+    traits = OpTraits(preserves_cursor_order=False, stateful=True)
+    name = "pack"
+
+    def __init__(self, seq_len: int, num_bins: int = 8, features: Sequence[str] = ("tokens",)) -> None:
+        super().__init__()
+        if not isinstance(seq_len, int) or seq_len < 1:
+            raise ValueError(f"pack(seq_len=...) must be a positive int; got {seq_len!r}")
+        if not isinstance(num_bins, int) or num_bins < 1:
+            raise ValueError(f"pack(num_bins=...) must be a positive int; got {num_bins!r}")
+        if isinstance(features, str) or not features:
+            raise ValueError(f"pack(features=...) must be a non-empty list of names; got {features!r}")
+        self.seq_len = seq_len
+        self.num_bins = num_bins
+        self.features = tuple(features)
+
+    def _length(self, record: Record) -> int:
+        data = record.data
+        lengths = []
+        for f in self.features:
+            try:
+                lengths.append(len(data[f]))
+            except (KeyError, TypeError):
+                raise KeyError(
+                    f"pack: record has no feature {f!r}; pack(features={list(self.features)}) "
+                    "needs every feature in each record (tokenize first?)"
+                ) from None
+        n = lengths[0]
+        if any(m != n for m in lengths):
+            raise ValueError(f"pack: features {self.features} differ in length {lengths} in one record")
+        if n > self.seq_len:
+            raise ValueError(
+                f"pack: a piece of {n} tokens is longer than seq_len={self.seq_len}; "
+                f"put .split(max_len={self.seq_len}) before .pack()"
+            )
+        return n
+
+    def process(self, record: Record) -> Iterable[Output]:
+        n = self._length(record)
+        bins = self._lanes.get(record.lane)
+        if bins is None:
+            bins = self._lanes[record.lane] = _Bins(self.num_bins)
+        fill, cap = bins.fill, self.seq_len
+        out: list[Output] = []
+        target = next((i for i in range(self.num_bins) if fill[i] + n <= cap), -1)
+        if target < 0:
+            # Nothing fits: the fullest bin goes (lowest index on ties) and its slot reopens.
+            target = max(range(self.num_bins), key=lambda i: (fill[i], -i))
+            out.append(self._emit(bins, target))
+        bins.pieces[target].append(record)
+        fill[target] += n
+        if fill[target] == cap:
+            out.append(self._emit(bins, target))
+        return out
+
+    def _emit(self, bins: _Bins, i: int) -> Record:
+        pieces = bins.pieces[i]
+        bins.pieces[i] = []
+        bins.fill[i] = 0
+        first = pieces[0]
+        data = {}
+        lengths = np.fromiter((len(p.data[self.features[0]]) for p in pieces), dtype=np.int64, count=len(pieces))
+        total = int(lengths.sum())
+        starts = np.cumsum(lengths) - lengths
+        seg = np.zeros(self.seq_len, dtype=np.int32)
+        seg[:total] = np.repeat(np.arange(1, len(pieces) + 1, dtype=np.int32), lengths)
+        pos = np.zeros(self.seq_len, dtype=np.int32)
+        pos[:total] = np.arange(total, dtype=np.int32) - np.repeat(starts, lengths).astype(np.int32)
+        for f in self.features:
+            parts = [p.data[f] for p in pieces]
+            buf = np.zeros(self.seq_len, dtype=np.result_type(*parts))
+            if parts:
+                np.concatenate(parts, out=buf[:total])
+            data[f] = buf
+            data[f + "_segment_ids"] = seg if f == self.features[0] else seg.copy()
+            data[f + "_positions"] = pos if f == self.features[0] else pos.copy()
+        contributors = [c for p in pieces for c in p.contributors]
+        mix: dict[int, int] = {}
+        for p in pieces:
+            for comp, w in p.mix.items():
+                mix[comp] = mix.get(comp, 0) + w
+        return Record(data, first.lane, contributors, mix)
+
+    def flush(self, reset: bool, lane_id: int) -> Iterable[Output]:
+        bins = self._lanes.get(lane_id)
+        if bins is None:
+            return ()
+        out = [self._emit(bins, i) for i in range(self.num_bins) if bins.pieces[i]]
+        if reset:
+            del self._lanes[lane_id]
+        return out
+
+    def pending(self, lane_id: int) -> int:
+        bins = self._lanes.get(lane_id)
+        return 0 if bins is None else sum(len(p) for p in bins.pieces)
+
+    def __repr__(self) -> str:
+        return f"Pack(seq_len={self.seq_len}, num_bins={self.num_bins}, features={list(self.features)})"

@@ -1,0 +1,67 @@
+"""``split``: one sample into pieces of at most ``max_len`` tokens."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+from zephon.errors import ContractViolation
+from zephon.operators.base import Operator, OpTraits, Output
+from zephon.records import Contributor, Record
+
+
+class Split(Operator):
+    traits = OpTraits(preserves_cursor_order=True, stateful=False)
+    name = "split"
+
+    def __init__(self, max_len: int, feature: str = "tokens") -> None:
+        if not isinstance(max_len, int) or max_len < 1:
+            raise ValueError(f"split(max_len=...) must be a positive int; got {max_len!r}")
+        self.max_len = max_len
+        self.feature = feature
+
+    def process(self, record: Record) -> Iterable[Output]:
+        data = record.data
+        try:
+            main = data[self.feature]
+        except (KeyError, TypeError, IndexError):
+            raise KeyError(
+                f"split: record data has no feature {self.feature!r}; tokenize first or "
+                f"pass split(feature=...)"
+            ) from None
+        n = len(main)
+        if n <= self.max_len:
+            return (record,)
+        if len(record.contributors) != 1 or record.contributors[0].child != 0:
+            raise ContractViolation(
+                f"split got a record with {len(record.contributors)} contributors "
+                f"(first {record.contributors[0]}); split whole samples, before pack"
+            )
+        chunk_id, offset, _, _ = record.contributors[0]
+        ((component, _),) = record.mix.items()
+        # Other features of the same length are cut along; the rest are copied to each piece.
+        aligned = [k for k, v in data.items() if isinstance(v, np.ndarray) and v.ndim >= 1 and len(v) == n]
+        starts = range(0, n, self.max_len)
+        last = len(starts) - 1
+        out: list[Output] = []
+        for child, start in enumerate(starts):
+            stop = min(start + self.max_len, n)
+            piece = dict(data)
+            for k in aligned:
+                piece[k] = data[k][start:stop]
+            out.append(
+                Record(
+                    piece,
+                    record.lane,
+                    [Contributor(chunk_id, offset, child, child == last)],
+                    {component: stop - start},
+                )
+            )
+        return out
+
+    def fresh(self) -> Operator:
+        return self
+
+    def __repr__(self) -> str:
+        return f"Split(max_len={self.max_len}, feature={self.feature!r})"

@@ -1,0 +1,68 @@
+"""``tokenize``: text to ``{"tokens": int32 array}``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from zephon.chunks import SamplePointer
+from zephon.operators.base import Operator, OpTraits, Output
+from zephon.records import Record
+
+
+class Tokenize(Operator):
+    traits = OpTraits(preserves_cursor_order=True, stateful=False)
+    name = "tokenize"
+
+    def __init__(self, tokenizer: Any, field: str | None = None, parallelism: int = 1) -> None:
+        if not callable(getattr(tokenizer, "encode", None)):
+            raise TypeError(
+                f"tokenize needs an object with encode(text); got {type(tokenizer).__name__}"
+            )
+        self.tokenizer = tokenizer
+        self.field = field
+        self.parallelism = parallelism
+        self._encode_batch = getattr(tokenizer, "encode_batch", None)
+
+    def _text(self, data: Any) -> Any:
+        if isinstance(data, dict):
+            key = self.field or "text"
+            try:
+                return data[key]
+            except KeyError:
+                raise KeyError(
+                    f"tokenize: sample has no field {key!r} (fields: {sorted(data)}); "
+                    "pass tokenize(tokenizer, field=...)"
+                ) from None
+        if isinstance(data, SamplePointer):
+            raise TypeError(
+                "tokenize got a SamplePointer, not a sample: add .fetch() before .tokenize()"
+            )
+        return data
+
+    def _emit(self, record: Record, ids: Any) -> Record:
+        tokens = np.asarray(ids, dtype=np.int32)
+        ((component, _),) = record.mix.items()
+        return Record({"tokens": tokens}, record.lane, record.contributors, {component: len(tokens)})
+
+    def process(self, record: Record) -> Iterable[Output]:
+        return (self._emit(record, self.tokenizer.encode(self._text(record.data))),)
+
+    def process_batch(self, records: list[Record]) -> list[Output]:
+        texts = [self._text(r.data) for r in records]
+        if self._encode_batch is not None:
+            encoded = self._encode_batch(texts)
+        else:
+            encoded = [self.tokenizer.encode(t) for t in texts]
+        return [self._emit(r, ids) for r, ids in zip(records, encoded)]
+
+    def fresh(self) -> Operator:
+        return self
+
+    def fingerprint(self) -> str:
+        return f"Tokenize({self.tokenizer!r}, field={self.field!r})"
+
+    def __repr__(self) -> str:
+        return f"Tokenize(tokenizer={self.tokenizer!r}, field={self.field!r}, parallelism={self.parallelism})"

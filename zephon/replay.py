@@ -1,0 +1,70 @@
+"""The replay filter: after a restore, drop each lane's already-delivered prefix.
+
+The compiler inserts it right before ``batch`` (or at the tail). On a fresh run it passes
+everything. After a restore it drops records of a lane until one whose cursor *equals* the
+lane's target (the last record delivered before the checkpoint), drops that one too, then
+forwards everything. Equality, not ``<=``: with shuffling, records do not leave in cursor
+order, and a cursor is an identity, not a position. Every dropped record becomes a
+tombstone so its offsets close and its chunk can be evicted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from zephon.errors import CheckpointError
+from zephon.operators.base import Operator, OpTraits, Output
+from zephon.records import FlushSentinel, Record, SampleCursor, Tombstone
+
+
+class ReplayFilter(Operator):
+    traits = OpTraits(preserves_cursor_order=True, stateful=True)
+
+    def __init__(self, name: str, monotone: bool) -> None:
+        self.name = name
+        self.monotone = monotone
+        self._targets: dict[int, SampleCursor] = {}
+        self.dropped = 0
+
+    def set_target(self, lane: int, cursor: SampleCursor | None) -> None:
+        if cursor is None:
+            self._targets.pop(lane, None)
+        else:
+            self._targets[lane] = cursor
+
+    def active(self, lane: int) -> bool:
+        return lane in self._targets
+
+    def process(self, record: Record) -> Iterable[Output]:
+        target = self._targets.get(record.lane)
+        if target is None:
+            return (record,)
+        cursor = record.cursor
+        if cursor == target:
+            del self._targets[record.lane]
+        elif self.monotone and cursor > target:
+            self._lost(target, f"a later record {tuple(cursor)} arrived first")
+        self.dropped += 1
+        return (Tombstone(record.lane, record.contributors),)
+
+    def on_sentinel(self, sentinel: FlushSentinel) -> None:
+        target = self._targets.get(sentinel.lane)
+        if target is not None and (sentinel.final or sentinel.boundary > target.chunk_id):
+            why = "the lane ended" if sentinel.final else f"its epoch closed at chunk {sentinel.boundary}"
+            self._lost(target, why)
+
+    def _lost(self, target: SampleCursor, why: str) -> None:
+        raise CheckpointError(
+            f"replay target {tuple(target)} of lane {target.lane} never reappeared ({why}): the "
+            "pipeline does not reproduce the checkpointed run. Restore into the same pipeline "
+            "definition and datasets, and make map/filter functions deterministic"
+        )
+
+    def fresh(self) -> Operator:
+        return ReplayFilter(self.name, self.monotone)
+
+    def fingerprint(self) -> str:
+        return "ReplayFilter()"
+
+    def __repr__(self) -> str:
+        return f"ReplayFilter(name={self.name!r})"

@@ -1,0 +1,142 @@
+"""Runs a compiled operator chain over feed units of the lanes this process owns.
+
+The same object runs in the parent (``workers=0``) and inside each worker process. A feed
+unit is what :meth:`LaneTracker.pull` returns: a chunk, possibly followed by a flush
+sentinel, or the final sentinel. Items move through the chain one operator at a time (a
+whole layer per operator), which gives exactly the order a record-at-a-time push would,
+and lets stateless operators work on a chunk at once, on threads if they ask for it.
+
+Tombstones skip the rest of the chain; they travel with the lane's next output. Outputs are
+:class:`LaneOutput`: one record or batch (or none, at the end of a lane) plus the
+contributors that were tombstoned since the lane's previous output.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from zephon.chunks import WorkChunk
+from zephon.errors import ContractViolation
+from zephon.operators.base import Operator
+from zephon.records import Contributor, FlushSentinel, Record, Tombstone
+
+
+class LaneOutput:
+    """What a lane hands to the consumer: ``record`` (None at the end) + tombstoned pieces."""
+
+    __slots__ = ("lane", "record", "tombstones", "end")
+
+    def __init__(self, lane: int, record: Record | None, tombstones: list[Contributor], end: bool = False) -> None:
+        self.lane = lane
+        self.record = record
+        self.tombstones = tombstones
+        self.end = end
+
+    def __repr__(self) -> str:
+        return f"LaneOutput(lane={self.lane}, record={self.record!r}, tombstones={len(self.tombstones)}, end={self.end})"
+
+
+def expand(chunk: WorkChunk) -> list[Record]:
+    """One record per pointer; its data is the pointer until ``fetch`` resolves it."""
+    lane, cid = chunk.lane, chunk.chunk_id
+    comps = chunk.components.tolist()
+    idx = chunk.indices.tolist()
+    return [
+        Record((c, i), lane, [Contributor(cid, off, 0, True)], {c: 1})
+        for off, (c, i) in enumerate(zip(comps, idx))
+    ]
+
+
+class OpStats:
+    __slots__ = ("records_in", "records_out", "seconds")
+
+    def __init__(self) -> None:
+        self.records_in = 0
+        self.records_out = 0
+        self.seconds = 0.0
+
+
+class ChainRunner:
+    def __init__(self, ops: Sequence[Operator], pool: ThreadPoolExecutor | None = None) -> None:
+        self.ops = list(ops)
+        self.pool = pool
+        self.stats = [OpStats() for _ in self.ops]
+        self._tombs: dict[int, list[Contributor]] = {}
+
+    def feed(self, items: Sequence[WorkChunk | FlushSentinel]) -> list[LaneOutput]:
+        layer: list[Any] = []
+        for it in items:
+            if isinstance(it, WorkChunk):
+                layer.extend(expand(it))
+            else:
+                layer.append(it)
+        final_lanes = [it.lane for it in items if isinstance(it, FlushSentinel) and it.final]
+        produced = self._push(layer)
+        out: list[LaneOutput] = []
+        for it in produced:
+            if type(it) is Tombstone:
+                self._tombs.setdefault(it.lane, []).extend(it.contributors)
+            else:
+                out.append(LaneOutput(it.lane, it, self._tombs.pop(it.lane, [])))
+        for lane in final_lanes:
+            out.append(LaneOutput(lane, None, self._tombs.pop(lane, []), end=True))
+        return out
+
+    def _push(self, items: list[Any]) -> list[Any]:
+        out: list[Any] = []
+        for op, st in zip(self.ops, self.stats):
+            t0 = time.perf_counter()
+            n_in = 0
+            nxt: list[Any] = []
+            run: list[Record] = []
+            stateful = op.traits.stateful
+            for it in items:
+                kind = type(it)
+                if kind is Tombstone:
+                    out.append(it)
+                elif kind is FlushSentinel:
+                    if run:
+                        nxt.extend(self._stateless(op, run))
+                        run = []
+                    nxt.extend(self._sentinel(op, it))
+                    nxt.append(it)
+                else:
+                    n_in += 1
+                    if stateful:
+                        nxt.extend(op.process(it))
+                    else:
+                        run.append(it)
+            if run:
+                nxt.extend(self._stateless(op, run))
+            st.records_in += n_in
+            st.seconds += time.perf_counter() - t0
+            items = nxt
+            st.records_out += sum(1 for it in items if type(it) is not FlushSentinel)
+        out.extend(it for it in items if type(it) is not FlushSentinel)
+        return out
+
+    def _stateless(self, op: Operator, records: list[Record]) -> list[Any]:
+        """A run of records through an order-preserving stateless operator, in order."""
+        p = op.parallelism
+        if p <= 1 or self.pool is None or len(records) < 2:
+            return op.process_batch(records)
+        step = -(-len(records) // p)
+        slices = [records[i : i + step] for i in range(0, len(records), step)]
+        return [r for part in self.pool.map(op.process_batch, slices) for r in part]
+
+    def _sentinel(self, op: Operator, sentinel: FlushSentinel) -> list[Any]:
+        op.on_sentinel(sentinel)
+        if op.stalls_at_boundaries and not sentinel.final:
+            return []
+        flushed = list(op.flush(True, sentinel.lane))
+        left = op.pending(sentinel.lane)
+        if left:
+            raise ContractViolation(
+                f"operator {op.name!r} ({type(op).__name__}) still holds {left} pending item(s) "
+                f"for lane {sentinel.lane} after flush(reset=True); flush must emit everything "
+                "and reset the lane's state"
+            )
+        return flushed

@@ -1,0 +1,9 @@
+"""Random-access datasets: anything with ``len(ds)`` and ``ds[i]``, optionally a faster
+batched ``ds.read(indices)``."""
+
+from zephon.sources.array import ArraySource
+from zephon.sources.jsonl import JsonlSource
+from zephon.sources.parquet import ParquetSource
+from zephon.sources.token_file import TokenFileSource
+
+__all__ = ["ArraySource", "JsonlSource", "ParquetSource", "TokenFileSource"]

@@ -1,0 +1,46 @@
+"""An in-memory random-access dataset."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from zephon.sources._fs import check_index
+
+
+class ArraySource:
+    """Random access over items held in memory.
+
+    A numpy array is kept as is (not copied) and ``ds[i]`` returns its row ``i``; any
+    other iterable is copied into a tuple, so later changes to the caller's list cannot
+    change what a resumed run reads.
+    """
+
+    def __init__(self, items: np.ndarray | Iterable[Any]) -> None:
+        if isinstance(items, np.ndarray):
+            if items.ndim == 0:
+                raise ValueError(
+                    f"ArraySource: a numpy array needs at least one dimension; got a 0-d array "
+                    f"({items!r}); wrap it in a list"
+                )
+            self._items: np.ndarray | tuple[Any, ...] = items
+        else:
+            self._items = tuple(items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __getitem__(self, index: int) -> Any:
+        return self._items[check_index("ArraySource", index, len(self._items))]
+
+    def read(self, indices: Sequence[int]) -> list[Any]:
+        """Items at `indices`, in that order."""
+        checked = [check_index("ArraySource", i, len(self._items)) for i in indices]
+        if isinstance(self._items, np.ndarray):
+            return list(self._items[checked])
+        return [self._items[i] for i in checked]
+
+    def __repr__(self) -> str:
+        return f"ArraySource(len={len(self._items)})"

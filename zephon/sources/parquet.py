@@ -1,0 +1,172 @@
+"""Random access over the rows of Parquet files, one row group at a time."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import IO, TYPE_CHECKING, Any, TypeVar
+
+import numpy as np
+
+from zephon.sources._fs import (
+    PathsArg,
+    check_index,
+    describe_paths,
+    is_url,
+    normalize_paths,
+    open_binary,
+)
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+_T = TypeVar("_T")
+
+# Row groups kept decoded per thread: enough for a few interleaved readers of nearby
+# rows without holding much of a file in memory.
+_CACHED_ROW_GROUPS = 4
+
+
+def _import_parquet() -> Any:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError as e:
+        raise ImportError(
+            "ParquetSource needs pyarrow; install it with `pip install zephon[parquet]`"
+        ) from e
+    return pq
+
+
+class ParquetSource:
+    """Random access by global row index over one or more Parquet files.
+
+    Construction reads only file footers to count rows per row group. ``ds[i]`` decodes
+    the row group holding row ``i`` (each thread keeps its last few decoded row groups)
+    and returns the row as a dict of Python values. Paths with a protocol (``s3://``,
+    ``memory://``) are opened with fsspec.
+
+    Args:
+        paths: a file or a sequence of files; rows are numbered across them in order.
+        columns: the columns to read; all of them when None.
+        field: if given, ``ds[i]`` returns just this column's value and only it is read.
+    """
+
+    def __init__(
+        self,
+        paths: PathsArg,
+        columns: Sequence[str] | None = None,
+        field: str | None = None,
+    ) -> None:
+        pq = _import_parquet()
+        self._paths = normalize_paths("ParquetSource", paths)
+        if columns is not None and field is not None and field not in columns:
+            raise ValueError(
+                f"ParquetSource: field {field!r} is not among columns {list(columns)}; "
+                "add it to columns or drop columns"
+            )
+        self._columns = None if columns is None else list(columns)
+        self._field = field
+        wanted = [field] if field is not None else self._columns
+        rows_per_group: list[int] = []
+        group_files: list[int] = []
+        group_locals: list[int] = []
+        for file_index, path in enumerate(self._paths):
+            metadata = self._with_file(path, pq.read_metadata)
+            names = metadata.schema.to_arrow_schema().names
+            missing = [c for c in wanted or () if c not in names]
+            if missing:
+                raise ValueError(
+                    f"ParquetSource: {path} has no column(s) {missing}; its columns are {names}"
+                )
+            for k in range(metadata.num_row_groups):
+                rows_per_group.append(metadata.row_group(k).num_rows)
+                group_files.append(file_index)
+                group_locals.append(k)
+        # Row group g holds global rows _group_starts[g] <= i < _group_starts[g + 1].
+        self._group_starts = np.cumsum([0, *rows_per_group], dtype=np.int64)
+        self._group_files = np.array(group_files, dtype=np.int64)
+        self._group_locals = np.array(group_locals, dtype=np.int64)
+        self._local = threading.local()
+
+    def __len__(self) -> int:
+        return int(self._group_starts[-1])
+
+    def __getitem__(self, index: int) -> Any:
+        i = check_index("ParquetSource", index, len(self))
+        group = self._group_of(i)
+        row = i - int(self._group_starts[group])
+        table = self._row_group(group)
+        if self._field is not None:
+            return table.column(0)[row].as_py()
+        return table.slice(row, 1).to_pylist()[0]
+
+    def read(self, indices: Sequence[int]) -> list[Any]:
+        """Rows at `indices`, in that order; decodes each row group once."""
+        checked = np.array(
+            [check_index("ParquetSource", i, len(self)) for i in indices], dtype=np.int64
+        )
+        out: list[Any] = [None] * len(checked)
+        groups = np.searchsorted(self._group_starts, checked, side="right") - 1
+        for group in np.unique(groups):
+            positions = np.flatnonzero(groups == group)
+            rows = checked[positions] - self._group_starts[group]
+            table = self._row_group(int(group))
+            if self._field is not None:
+                values = table.column(0).take(rows).to_pylist()
+            else:
+                values = table.take(rows).to_pylist()
+            for pos, value in zip(positions, values, strict=True):
+                out[pos] = value
+        return out
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Decoded row groups are a per-process cache, not state; threading.local cannot
+        # be pickled anyway.
+        return {k: v for k, v in self.__dict__.items() if k != "_local"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._local = threading.local()
+
+    def __repr__(self) -> str:
+        return (
+            f"ParquetSource(paths={describe_paths(self._paths)}, columns={self._columns!r}, "
+            f"field={self._field!r}, len={len(self)})"
+        )
+
+    def _group_of(self, i: int) -> int:
+        # side="right" steps over empty row groups, whose start equals the next one's.
+        return int(np.searchsorted(self._group_starts, i, side="right")) - 1
+
+    def _row_group(self, group: int) -> pa.Table:
+        cache: OrderedDict[int, pa.Table] | None = getattr(self._local, "row_groups", None)
+        if cache is None:
+            cache = self._local.row_groups = OrderedDict()
+        table = cache.get(group)
+        if table is not None:
+            cache.move_to_end(group)
+            return table
+        pq = _import_parquet()
+        path = self._paths[int(self._group_files[group])]
+        columns = [self._field] if self._field is not None else self._columns
+        local = int(self._group_locals[group])
+
+        def read_group(source: str | IO[bytes]) -> pa.Table:
+            with pq.ParquetFile(source) as parquet_file:
+                return parquet_file.read_row_group(local, columns=columns)
+
+        table = self._with_file(path, read_group)
+        cache[group] = table
+        if len(cache) > _CACHED_ROW_GROUPS:
+            cache.popitem(last=False)
+        return table
+
+    @staticmethod
+    def _with_file(path: str, use: Callable[[str | IO[bytes]], _T]) -> _T:
+        """Call ``use`` on `path` itself if local (pyarrow opens it natively) or on an
+        open fsspec file."""
+        if not is_url(path):
+            return use(path)
+        with open_binary("ParquetSource", path) as f:
+            return use(f)

@@ -1,0 +1,58 @@
+"""Tokenizers for the ``tokenize`` operator.
+
+A tokenizer is any object with ``encode(text) -> np.ndarray[int32]``; ``encode_batch`` is
+used when present. :class:`ByteTokenizer` is built in; adapters for Hugging Face
+``tokenizers`` and sentencepiece live beside it once their extras are installed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+PAD_ID = 0
+EOS_ID = 1
+UNK_ID = 2
+BYTE_OFFSET = 3
+
+
+class ByteTokenizer:
+    """ByT5's byte-level scheme: pad 0, eos 1, unk 2, byte ``b`` -> ``b + 3``.
+
+    Args:
+        add_eos: append ``EOS_ID`` to every document (ByT5 does).
+    """
+
+    vocab_size = 256 + BYTE_OFFSET
+
+    def __init__(self, add_eos: bool = True) -> None:
+        self.add_eos = add_eos
+
+    def encode(self, text: str | bytes) -> np.ndarray:
+        if isinstance(text, str):
+            raw = text.encode("utf-8")
+        elif isinstance(text, (bytes, bytearray, memoryview)):
+            raw = bytes(text)
+        else:
+            raise TypeError(
+                f"ByteTokenizer.encode takes str or bytes; got {type(text).__name__}. "
+                "Use .map() to pull the text out of your samples, or tokenize(field=...)"
+            )
+        n = len(raw)
+        out = np.empty(n + (1 if self.add_eos else 0), dtype=np.int32)
+        np.add(np.frombuffer(raw, dtype=np.uint8), BYTE_OFFSET, out=out[:n], dtype=np.int32)
+        if self.add_eos:
+            out[n] = EOS_ID
+        return out
+
+    def encode_batch(self, texts: list[Any]) -> list[np.ndarray]:
+        return [self.encode(t) for t in texts]
+
+    def decode(self, ids: np.ndarray) -> str:
+        ids = np.asarray(ids)
+        body = ids[ids >= BYTE_OFFSET] - BYTE_OFFSET
+        return body.astype(np.uint8).tobytes().decode("utf-8", errors="replace")
+
+    def __repr__(self) -> str:
+        return f"ByteTokenizer(add_eos={self.add_eos})"
