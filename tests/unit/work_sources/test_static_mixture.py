@@ -1,0 +1,434 @@
+"""StaticMixtureWorkSource: order, lanes, mixture shares, exhaustion, state, validation."""
+
+from __future__ import annotations
+
+import collections
+import math
+
+import msgpack
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from zephon.chunks import WorkChunk
+from zephon.errors import CheckpointError
+from zephon.work_sources import (
+    LaneShardable,
+    StaticMixtureWorkSource,
+    WorkSource,
+    mix64,
+    permute,
+)
+
+
+def make(lengths, weights=None, **kwargs) -> StaticMixtureWorkSource:
+    return StaticMixtureWorkSource([list(range(n)) for n in lengths], weights, **kwargs)
+
+
+def take(ws: StaticMixtureWorkSource, k: int) -> list[WorkChunk | None]:
+    return [ws.next_chunk() for _ in range(k)]
+
+
+def drain(ws: StaticMixtureWorkSource, limit: int = 100_000) -> list[WorkChunk]:
+    out = []
+    for _ in range(limit):
+        chunk = ws.next_chunk()
+        if chunk is None:
+            return out
+        out.append(chunk)
+    raise AssertionError(f"lane {ws.lane} not exhausted after {limit} chunks")
+
+
+def pointers(chunks: list[WorkChunk]) -> list[tuple[int, int]]:
+    return [p for chunk in chunks for p in chunk.pointers]
+
+
+# ---------------------------------------------------------------------------- golden
+
+
+def test_golden_first_chunks() -> None:
+    ws = make([10, 7], [0.7, 0.3], seed=0, chunk_size=4, lane=1, num_lanes=2)
+    chunks = take(ws, 3)
+    assert [c.chunk_id for c in chunks] == [0, 1, 2]
+    assert [c.components.tolist() for c in chunks] == [[0, 1, 0, 0], [1, 0, 0, 0], [1, 0, 0, 1]]
+    assert [c.indices.tolist() for c in chunks] == [[3, 6, 5, 4], [1, 8, 9, 2], [5, 1, 5, 1]]
+    assert all(c.components.dtype == np.int32 and c.indices.dtype == np.int64 for c in chunks)
+    assert all(c.lane == 1 for c in chunks)
+    assert [c.seed for c in chunks] == [mix64(0, 1, i) for i in range(3)]
+
+
+# ------------------------------------------------------------------- API, properties
+
+
+def test_protocols_properties_config_repr() -> None:
+    a, b = list(range(5)), np.arange(3)
+    ws = StaticMixtureWorkSource({"a": a, "b": b}, {"b": 1, "a": 3}, seed=9, chunk_size=8)
+    assert isinstance(ws, WorkSource) and isinstance(ws, LaneShardable)
+    assert ws.names == ("a", "b")
+    assert ws.datasets[0] is a and ws.datasets[1] is b
+    assert ws.weights == (0.75, 0.25)
+    assert math.isclose(sum(ws.weights), 1.0)
+    assert ws.lengths == (5, 3)
+    assert (ws.seed, ws.chunk_size, ws.lane, ws.num_lanes, ws.num_components) == (9, 8, 0, 1, 2)
+    assert ws.shuffle is True and ws.num_epochs is None
+    config = ws.config()
+    assert config == {
+        "class": "StaticMixtureWorkSource",
+        "names": ["a", "b"],
+        "lengths": [5, 3],
+        "weights": [0.75, 0.25],
+        "seed": 9,
+        "shuffle": True,
+        "chunk_size": 8,
+        "num_epochs": None,
+    }
+    assert msgpack.unpackb(msgpack.packb(config)) == config
+    assert ws.for_lane(2, 3).config() == config  # the lane is not part of the config
+    assert repr(ws) == (
+        "StaticMixtureWorkSource(names=('a', 'b'), lengths=(5, 3), weights=(0.75, 0.25), "
+        "seed=9, shuffle=True, chunk_size=8, num_epochs=None, lane=0, num_lanes=1)"
+    )
+    assert make([4]).names == ("0",)
+    assert make([4, 4]).weights == (0.5, 0.5)
+
+
+def test_for_lane_shares_datasets_and_starts_fresh() -> None:
+    base = make([10, 7], [0.7, 0.3], seed=0, chunk_size=4)
+    take(base, 5)
+    lane1 = base.for_lane(1, 2)
+    assert (lane1.lane, lane1.num_lanes) == (1, 2)
+    assert all(x is y for x, y in zip(lane1.datasets, base.datasets, strict=True))
+    expected = make([10, 7], [0.7, 0.3], seed=0, chunk_size=4, lane=1, num_lanes=2)
+    assert take(lane1, 4) == take(expected, 4)
+    # base's own progress is untouched by the copy and vice versa.
+    assert base.state_dict()["next_chunk_id"] == 5
+    with pytest.raises(ValueError, match="got lane=2, num_lanes=2"):
+        base.for_lane(2, 2)
+
+
+def test_unshuffled_order_is_round_robin_over_the_dataset() -> None:
+    ws = make([7], shuffle=False, chunk_size=5, lane=2, num_lanes=3)
+    # Global positions 2, 5, 8, 11, 14, 17, ... modulo 7.
+    assert pointers(take(ws, 2)) == [(0, g % 7) for g in range(2, 30, 3)]
+
+
+def test_chunk_ids_and_seeds() -> None:
+    ws = make([3, 4], seed=5, chunk_size=2, num_lanes=2, lane=1)
+    chunks = take(ws, 6)
+    assert [c.chunk_id for c in chunks] == list(range(6))
+    assert [c.seed for c in chunks] == [mix64(5, 1, i) for i in range(6)]
+    assert len({c.seed for c in chunks}) == 6
+
+
+def test_dict_weights_follow_names_not_order() -> None:
+    ws1 = StaticMixtureWorkSource({"x": [1] * 4, "y": [2] * 4}, {"y": 0.2, "x": 0.8})
+    ws2 = StaticMixtureWorkSource({"x": [1] * 4, "y": [2] * 4}, [0.8, 0.2])
+    assert ws1.weights == ws2.weights == (0.8, 0.2)
+    assert take(ws1, 3) == take(ws2, 3)
+
+
+# ---------------------------------------------------------------------------- lanes
+
+
+@pytest.mark.parametrize("num_lanes", [1, 3, 8])
+@pytest.mark.parametrize("n", [10, 7, 5])
+def test_lanes_disjoint_and_cover_every_dataset_epoch(num_lanes: int, n: int) -> None:
+    epochs = 3
+    base = make([n], seed=1, chunk_size=4, num_epochs=epochs)
+    by_global = {}
+    for lane in range(num_lanes):
+        samples = pointers(drain(base.for_lane(lane, num_lanes)))
+        assert samples, f"lane {lane} got no samples"
+        for p, (_, index) in enumerate(samples):
+            by_global[lane + p * num_lanes] = index
+    # The lanes together take each global position exactly once ...
+    assert sorted(by_global) == list(range(epochs * n))
+    # ... and each dataset epoch is a permutation of the dataset, a different one per epoch.
+    orders = [[by_global[e * n + i] for i in range(n)] for e in range(epochs)]
+    for order in orders:
+        assert sorted(order) == list(range(n))
+    assert len({tuple(o) for o in orders}) > 1
+    assert orders[0] == permute(np.arange(n), n, mix64(1, 0, 0)).tolist()
+
+
+def test_every_lane_gets_samples_when_dataset_smaller_than_lane_count() -> None:
+    base = make([3], chunk_size=2)
+    for lane in range(8):
+        chunk = base.for_lane(lane, 8).next_chunk()
+        assert chunk is not None and len(chunk) == 2
+
+
+# ------------------------------------------------------------------------- mixture
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    weights=st.lists(st.floats(0.0, 10.0), min_size=1, max_size=5).filter(
+        lambda ws: sum(ws) > 1e-3 and all(w == 0 or w > 1e-6 for w in ws)
+    ),
+    chunk_size=st.integers(1, 70),
+)
+def test_every_window_of_100_tracks_the_weights(weights: list[float], chunk_size: int) -> None:
+    ws = make([13] * len(weights), weights, chunk_size=chunk_size)
+    comps = np.concatenate([c.components for c in take(ws, 1 + 1000 // chunk_size)])
+    assert comps.size >= 1000
+    onehot = np.eye(len(weights))[comps]
+    prefix = np.vstack([np.zeros(len(weights)), np.cumsum(onehot, axis=0)])
+    windows = prefix[100:] - prefix[:-100]
+    deviation = np.abs(windows / 100 - np.array(ws.weights))
+    assert deviation.max() <= 2 / 100
+
+
+def test_zero_weight_component_never_drawn() -> None:
+    ws = StaticMixtureWorkSource([list(range(5)), [], list(range(4))], [1, 0, 2], chunk_size=7)
+    comps = np.concatenate([c.components for c in take(ws, 100)])
+    assert 1 not in comps
+    assert set(comps.tolist()) == {0, 2}
+    assert ws.weights[1] == 0.0
+
+
+@pytest.mark.parametrize("num_epochs", [1, 2])
+@pytest.mark.parametrize("num_lanes", [1, 3])
+def test_exhaustion_sees_every_sample_num_epochs_times(num_epochs: int, num_lanes: int) -> None:
+    lengths = [10, 7, 1, 4]
+    base = make(lengths, [0.6, 0.3, 0.1, 0.0], chunk_size=4, num_epochs=num_epochs)
+    counts: collections.Counter[tuple[int, int]] = collections.Counter()
+    for lane in range(num_lanes):
+        ws = base.for_lane(lane, num_lanes)
+        chunks = drain(ws)
+        assert [c.chunk_id for c in chunks] == list(range(len(chunks)))
+        assert all(len(c) == 4 for c in chunks[:-1])
+        counts.update(pointers(chunks))
+        assert [ws.next_chunk() for _ in range(3)] == [None] * 3
+        state = ws.state_dict()
+        assert state["exhausted"] == [True, True, True, False]  # zero weight: never drawn
+        fresh = base.for_lane(lane, num_lanes)
+        fresh.load_state_dict(state)
+        assert fresh.next_chunk() is None
+    expected = {(c, i): num_epochs for c, n in enumerate(lengths[:3]) for i in range(n)}
+    assert dict(counts) == expected
+
+
+def test_lane_with_nothing_left_is_exhausted_from_the_start() -> None:
+    base = make([2], chunk_size=4, num_epochs=1)
+    assert len(base.for_lane(1, 3).next_chunk()) == 1
+    assert base.for_lane(2, 3).next_chunk() is None
+
+
+# --------------------------------------------------------------------------- state
+
+
+def roundtrip(state: dict) -> dict:
+    return msgpack.unpackb(msgpack.packb(state, use_bin_type=True), raw=False)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 30), min_size=1, max_size=4),
+    raw_weights=st.lists(st.integers(0, 9), min_size=4, max_size=4),
+    seed=st.integers(0, 2**64 - 1),
+    shuffle=st.booleans(),
+    chunk_size=st.integers(1, 9),
+    num_epochs=st.none() | st.integers(1, 3),
+    lanes=st.integers(1, 5).flatmap(lambda n: st.tuples(st.integers(0, n - 1), st.just(n))),
+    k=st.integers(0, 60),
+)
+def test_state_round_trip_at_any_point(
+    lengths, raw_weights, seed, shuffle, chunk_size, num_epochs, lanes, k
+) -> None:
+    weights = raw_weights[: len(lengths)]
+    if sum(weights) == 0:
+        weights[0] = 1
+    lane, num_lanes = lanes
+    kwargs = dict(seed=seed, shuffle=shuffle, chunk_size=chunk_size, num_epochs=num_epochs)
+    original = make(lengths, weights, lane=lane, num_lanes=num_lanes, **kwargs)
+    take(original, k)
+    state = roundtrip(original.state_dict())
+    restored = make(lengths, weights, **kwargs).for_lane(lane, num_lanes)
+    restored.load_state_dict(state)
+    assert restored.state_dict() == original.state_dict()
+    assert take(restored, 5) == take(original, 5)
+
+
+def test_state_size_does_not_grow() -> None:
+    ws = make([1000, 77, 5], [0.5, 0.3, 0.2], chunk_size=4, lane=2, num_lanes=3)
+    take(ws, 10)
+    early = ws.state_dict()
+    take(ws, 10_000 - 10)
+    late = ws.state_dict()
+    assert late["next_chunk_id"] == 10_000
+    assert early.keys() == late.keys()
+    assert all(len(early[k]) == len(late[k]) == 3 for k in ("positions", "current", "exhausted"))
+    # Only the ints' msgpack widths may differ (e.g. 1 byte for 28, 3 bytes for 20000).
+    assert abs(len(msgpack.packb(late)) - len(msgpack.packb(early))) <= 12
+
+
+def equal_mix_state(k: int, lane: int, num_lanes: int) -> dict:
+    """State after k chunks of 4 of a 50/50 mixture, by hand: every two picks return the
+    round-robin counters to zero, so each component has been drawn 2k times."""
+    return {
+        "version": 1,
+        "lane": lane,
+        "num_lanes": num_lanes,
+        "next_chunk_id": k,
+        "positions": [2 * k, 2 * k],
+        "current": [0.0, 0.0],
+        "exhausted": [False, False],
+    }
+
+
+def test_hand_built_state_matches_iterating() -> None:
+    ws = make([11, 6], chunk_size=4, seed=3, lane=2, num_lanes=3)
+    take(ws, 1000)
+    assert ws.state_dict() == equal_mix_state(1000, 2, 3)
+    restored = make([11, 6], chunk_size=4, seed=3, lane=2, num_lanes=3)
+    restored.load_state_dict(equal_mix_state(1000, 2, 3))
+    assert take(restored, 5) == take(ws, 5)
+
+
+def test_load_far_position_without_iterating() -> None:
+    # Chunk 10**6 (8 * 10**6 samples in): loading must not replay anything, or this test
+    # would take minutes.
+    k = 10**6
+    lengths, lane, num_lanes, seed = (11, 6), 2, 3, 3
+    ws = make(lengths, chunk_size=4, seed=seed, lane=lane, num_lanes=num_lanes)
+    ws.load_state_dict(equal_mix_state(k, lane, num_lanes))
+    chunk = ws.next_chunk()
+    assert chunk.chunk_id == k and chunk.seed == mix64(seed, lane, k)
+    assert chunk.components.tolist() == [0, 1, 0, 1]
+    expected = []
+    for p in (2 * k, 2 * k, 2 * k + 1, 2 * k + 1):
+        c = len(expected) % 2
+        g = lane + p * num_lanes
+        n = lengths[c]
+        expected.append(int(permute(np.array([g % n]), n, mix64(seed, c, g // n))[0]))
+    assert chunk.indices.tolist() == expected
+
+
+# ----------------------------------------------------------------------- validation
+
+
+class NoGetItem:
+    def __len__(self) -> int:
+        return 3
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "error", "message"),
+    [
+        (([[1], [2]], [1.0]), {}, ValueError, "got 1 weights for 2 datasets"),
+        (
+            ({"a": [1], "b": [2]}, {"a": 1, "c": 2}),
+            {},
+            ValueError,
+            r"missing weights for \['b'\], weights for unknown datasets \['c'\]",
+        ),
+        (([[1], [2]], {"0": 1, "1": 1}), {}, ValueError, "weights is a dict .* but datasets is"),
+        (
+            ({"a": [1], "b": [2]}, {"a": 1, "b": math.nan}),
+            {},
+            ValueError,
+            r"weight of dataset 'b' \(component 1\) must be finite and >= 0; got nan",
+        ),
+        (
+            ([[1], [2]], [1, math.inf]),
+            {},
+            ValueError,
+            r"dataset '1' \(component 1\) must be finite and >= 0; got inf",
+        ),
+        (
+            ([[1], [2]], [-0.5, 1]),
+            {},
+            ValueError,
+            r"dataset '0' \(component 0\) must be finite and >= 0; got -0.5",
+        ),
+        (([[1], [2]], [0, 0.0]), {}, ValueError, r"positive sum; got \[0.0, 0.0\]"),
+        (
+            ({"a": [1], "empty": []}, None),
+            {},
+            ValueError,
+            r"dataset 'empty' \(component 1\) is empty but has weight 1.0",
+        ),
+        (([[1]],), {"chunk_size": 0}, ValueError, "chunk_size must be >= 1; got chunk_size=0"),
+        (([[1]],), {"num_epochs": 0}, ValueError, "num_epochs must be >= 1.*got num_epochs=0"),
+        (
+            ([[1]],),
+            {"lane": 3, "num_lanes": 3},
+            ValueError,
+            r"0 <= lane < num_lanes; got lane=3, num_lanes=3 \(use a lane in 0..2\)",
+        ),
+        (([[1]],), {"lane": -1}, ValueError, "got lane=-1, num_lanes=1"),
+        (([[1]],), {"num_lanes": 0}, ValueError, "num_lanes must be >= 1; got num_lanes=0"),
+        (([],), {}, ValueError, "datasets is empty"),
+        (
+            ([[1], NoGetItem()],),
+            {},
+            TypeError,
+            r"dataset '1' \(component 1\) of type NoGetItem is not random-access",
+        ),
+        (
+            ({"gen": (i for i in range(3))},),
+            {},
+            TypeError,
+            r"dataset 'gen' \(component 0\) of type generator",
+        ),
+        ((iter([[1]]),), {}, TypeError, "datasets must be a list/tuple .* got list_iterator"),
+        (({1: [1]},), {}, TypeError, "dataset names .* must be str; got int 1"),
+        (([[1]], "1"), {}, TypeError, "weights must be a list/tuple.*got str"),
+        (([[1]], ["x"]), {}, TypeError, r"weight of dataset '0' \(component 0\) must be a number"),
+        (([[1]],), {"chunk_size": 2.5}, TypeError, "chunk_size must be an int; got float 2.5"),
+        (([[1]],), {"seed": 2**64}, ValueError, "seed must fit in 64 bits"),
+    ],
+)
+def test_validation(args, kwargs, error, message) -> None:
+    with pytest.raises(error, match=message):
+        StaticMixtureWorkSource(*args, **kwargs)
+
+
+def test_zero_weight_empty_dataset_is_fine() -> None:
+    ws = StaticMixtureWorkSource({"a": [1, 2], "unused": []}, {"a": 1, "unused": 0})
+    assert ws.lengths == (2, 0)
+    assert set(ws.next_chunk().components.tolist()) == {0}
+
+
+def good_state() -> dict:
+    ws = make([5, 5], chunk_size=2, lane=1, num_lanes=2)
+    take(ws, 3)
+    return ws.state_dict()
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            {"version": 2},
+            "unknown StaticMixtureWorkSource state version 2; this Zephon reads version 1",
+        ),
+        ({"lane": 0}, r"lane 0 of 2 but this source is lane 1 of 2; load it into for_lane\(0, 2\)"),
+        ({"num_lanes": 3}, "lane 1 of 3 but this source is lane 1 of 2"),
+        (
+            {"positions": [1, 2, 3]},
+            r"state is for 3 components .* this source has 2 \(\['0', '1'\]\)",
+        ),
+        ({"current": [0.0]}, r"current: 1.*this source has 2"),
+        ({"extra": 1}, r"unknown keys \['extra'\]"),
+        ({"positions": [-1, 0]}, r"positions\[0\] must be a non-negative int; got -1"),
+        ({"next_chunk_id": 1.5}, "next_chunk_id must be a non-negative int; got 1.5"),
+        ({"current": [math.nan, 0.0]}, "current must be finite floats"),
+        ({"exhausted": [True, False]}, r"component 0 \('0'\) exhausted=True at position"),
+    ],
+)
+def test_load_state_dict_errors(change: dict, message: str) -> None:
+    state = {**good_state(), **change}
+    ws = make([5, 5], chunk_size=2, lane=1, num_lanes=2)
+    with pytest.raises(CheckpointError, match=message):
+        ws.load_state_dict(state)
+    assert issubclass(CheckpointError, ValueError)
+
+
+def test_load_state_dict_missing_key() -> None:
+    state = good_state()
+    del state["current"]
+    with pytest.raises(ValueError, match=r"missing keys \['current'\]"):
+        make([5, 5], chunk_size=2, lane=1, num_lanes=2).load_state_dict(state)
