@@ -1,0 +1,147 @@
+"""The seed page's eviction examples, on LaneTracker directly."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from zephon.chunks import WorkChunk
+from zephon.records import Contributor, FlushSentinel, SampleCursor
+from zephon.tracking import EPOCH, MONOTONE, ChunkTrack, LaneTracker
+
+
+class ListSource:
+    """Hands out chunks of 4 offsets for one lane, forever."""
+
+    def __init__(self, lane: int = 0, size: int = 4) -> None:
+        self.lane, self.size, self.next_id = lane, size, 0
+
+    def next_chunk(self) -> WorkChunk:
+        c = WorkChunk(self.lane, self.next_id, np.zeros(self.size, np.int32), np.arange(self.size, dtype=np.int64), 0)
+        self.next_id += 1
+        return c
+
+    def state_dict(self) -> dict:
+        return {"next": self.next_id}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.next_id = state["next"]
+
+
+def tracker(mode: str = EPOCH, k: int = 2, lane: int = 0) -> LaneTracker:
+    return LaneTracker(lane, ListSource(lane), mode, k)
+
+
+def pull_chunks(t: LaneTracker, n: int) -> list:
+    items = []
+    for _ in range(n):
+        items.extend(t.pull())
+    return items
+
+
+def close_chunk(t: LaneTracker, chunk_id: int, offsets=range(4)) -> None:
+    t.deliver([Contributor(chunk_id, o, 0, True) for o in offsets], None)
+
+
+def test_bitmap_and_popcount_close_offsets_by_children_in_any_order():
+    track = ChunkTrack(WorkChunk(0, 5, np.zeros(4, np.int32), np.arange(4, dtype=np.int64), 0))
+    track.add(2, 1, True)  # last child first: total known (2), one delivered
+    assert track.closed == 0
+    track.add(2, 0, False)
+    assert track.bitmap == 0b0100 and track.closed == 1
+    track.add(0, 0, True)
+    track.add(1, 0, True)
+    track.add(3, 0, True)
+    assert track.complete and track.bitmap == 0b1111
+
+
+def test_chunks_5_6_7_incomplete_chunk_blocks_its_epoch():
+    # The seed page: chunk 5 has 3 of 4 closed, 6 all closed, 7 none -> nothing evicted.
+    t = tracker(k=4)
+    pull_chunks(t, 8)  # chunks 0..7, boundaries at 4 and 8
+    for c in range(4):
+        close_chunk(t, c)
+    assert list(t.inflight) == [4, 5, 6, 7]  # epoch 0 evicted (closed by boundary 4)
+    close_chunk(t, 5, [0, 1, 3])
+    close_chunk(t, 6)
+    close_chunk(t, 4)
+    assert list(t.inflight) == [4, 5, 6, 7]
+    assert t.inflight[5].closed == 3 and t.inflight[6].complete
+
+
+def test_epochs_evict_atomically_and_bottom_up():
+    t = tracker(k=2)
+    items = pull_chunks(t, 6)  # epochs [0,1] [2,3] [4,5]
+    assert [getattr(i, "boundary", None) for i in items if isinstance(i, FlushSentinel)] == [2, 4, 6]
+    close_chunk(t, 0)
+    assert 0 in t.inflight, "chunk 0 alone must not evict: its epoch shares accumulator history"
+    close_chunk(t, 2)
+    close_chunk(t, 3)  # epoch 1 complete but epoch 0 is not: bottom-up stops at epoch 0
+    assert list(t.inflight) == [0, 1, 2, 3, 4, 5]
+    close_chunk(t, 1)  # now epochs 0 and 1 both go
+    assert list(t.inflight) == [4, 5]
+    assert t.evicted == 4
+
+
+def test_only_the_lanes_own_boundary_authorises_eviction():
+    t = tracker(k=4)
+    pull_chunks(t, 2)  # chunks 0,1 ; no boundary of its own yet
+    close_chunk(t, 0)
+    close_chunk(t, 1)
+    assert list(t.inflight) == [0, 1], "open epoch is retained even when every offset is closed"
+    other = tracker(k=4, lane=1)
+    pull_chunks(other, 4)  # lane 1 records boundary 4; says nothing about lane 0
+    assert other.boundaries == [4] and t.boundaries == []
+    t.evict()
+    assert list(t.inflight) == [0, 1]
+    pull_chunks(t, 2)  # chunk 3 closes the epoch: boundary 4 of lane 0
+    close_chunk(t, 2)
+    close_chunk(t, 3)
+    assert list(t.inflight) == []
+
+
+def test_cursor_pinning_keeps_the_cursors_epoch_until_a_later_delivery():
+    t = tracker(k=2)
+    pull_chunks(t, 4)
+    close_chunk(t, 0)
+    t.deliver([Contributor(1, o, 0, True) for o in range(4)], SampleCursor(0, 1, 3, 0))
+    assert list(t.inflight) == [0, 1, 2, 3], "epoch 0 is complete but the cursor points into it"
+    t.deliver([Contributor(2, 0, 0, True)], SampleCursor(0, 2, 0, 0))
+    assert list(t.inflight) == [2, 3]
+
+
+def test_monotone_watermark_evicts_everything_below_the_cursor_chunk():
+    t = tracker(mode=MONOTONE, k=0)
+    pull_chunks(t, 5)
+    assert t.boundaries == []
+    t.deliver([Contributor(3, 1, 0, True)], SampleCursor(0, 3, 1, 0))
+    assert list(t.inflight) == [3, 4]
+    # a fully tombstoned chunk above the cursor's chunk waits for the bottom to move
+    close_chunk(t, 4)
+    assert list(t.inflight) == [3, 4]
+
+
+def test_state_keeps_trailing_boundary_and_restores_replay_with_sentinels():
+    t = tracker(k=2)
+    pull_chunks(t, 4)
+    close_chunk(t, 0)
+    close_chunk(t, 1)
+    t.deliver([Contributor(2, 0, 0, True)], SampleCursor(0, 2, 0, 0))
+    state = t.state()
+    assert [c["chunk_id"] for c in state["inflight"]] == [2, 3]
+    assert state["boundaries"] == [4], "the trailing boundary after chunk 3 is kept"
+    fresh = tracker(k=2)
+    assert fresh.load(state) == 2
+    feed = [fresh.pull(), fresh.pull()]
+    assert [type(x).__name__ for x in feed[0]] == ["WorkChunk"]
+    assert [type(x).__name__ for x in feed[1]] == ["WorkChunk", "FlushSentinel"]
+    assert feed[1][1].boundary == 4
+    nxt = fresh.pull()  # phase 2: the source continues at chunk 4
+    assert nxt[0].chunk_id == 4
+
+
+def test_unknown_chunk_in_delivery_is_reported():
+    t = tracker()
+    pull_chunks(t, 1)
+    with pytest.raises(RuntimeError, match="chunk 9, which is not in flight"):
+        t.deliver([Contributor(9, 0, 0, True)], None)

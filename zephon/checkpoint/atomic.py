@@ -1,0 +1,102 @@
+"""Atomic file writes: a temp file in the target's directory, fsync, rename, fsync the directory.
+
+A reader sees either the old file or the complete new one, never a prefix, and after
+:func:`atomic_write_bytes` returns the new file survives a power cut (on filesystems that
+honour ``fsync``). Multi-host checkpoint rounds reuse :func:`temp_path` and :func:`fsync_dir`
+for their own temp-then-rename steps.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+
+__all__ = ["atomic_write_bytes", "fsync_dir", "temp_path"]
+
+# fsync on a directory fd is refused by some filesystems (and by Windows, where a directory
+# cannot be opened at all). The rename has happened by then; there is nothing better to do.
+_DIR_FSYNC_UNSUPPORTED = {errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EBADF}
+
+
+def temp_path(path: str | os.PathLike[str]) -> str:
+    """A unique, hidden temp name next to ``path``: ``dir/.{name}.tmp-{pid}-{random}``.
+
+    Same directory, so the final ``os.replace`` is a rename within one filesystem (atomic);
+    pid plus 64 random bits, so concurrent writers (threads, processes, hosts sharing a
+    filesystem) never collide.
+    """
+    directory, name = os.path.split(os.path.abspath(os.fspath(path)))
+    if not name:
+        raise ValueError(f"cannot write atomically to {os.fspath(path)!r}: it names no file")
+    return os.path.join(directory, f".{name}.tmp-{os.getpid()}-{secrets.token_hex(8)}")
+
+
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """Flush a directory's entries (a rename, a new file) to stable storage.
+
+    Args:
+        path: the directory.
+
+    Raises:
+        OSError: the directory cannot be opened or synced (filesystems that do not support
+            syncing a directory are tolerated).
+    """
+    if os.name == "nt":  # directories cannot be opened for fsync on Windows
+        return
+    fd = os.open(os.fspath(path), os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    except OSError as e:
+        if e.errno not in _DIR_FSYNC_UNSUPPORTED:
+            raise
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes | bytearray | memoryview) -> int:
+    """Replace ``path`` with ``data`` atomically and durably.
+
+    Writes a temp file in the same directory (see :func:`temp_path`), flushes and fsyncs it,
+    ``os.replace``-s it onto ``path`` and fsyncs the directory. If anything fails before the
+    rename (including ``KeyboardInterrupt``), the temp file is removed and ``path`` is
+    untouched. If syncing the directory fails after the rename, ``path`` already holds the new
+    data and the error propagates.
+
+    The file is created with mode ``0o666`` less the umask, like ``open(path, "wb")``. If
+    ``path`` is a symlink, the link itself is replaced, not its target.
+
+    Args:
+        path: the file to write.
+        data: the complete new contents.
+
+    Returns:
+        The number of bytes written.
+
+    Raises:
+        OSError: the temp file cannot be created, written or synced, or the rename fails.
+    """
+    target = os.path.abspath(os.fspath(path))
+    tmp = temp_path(target)
+    # O_EXCL: never write through a file (or symlink) someone else put at the temp name.
+    # Python makes the fd non-inheritable itself (PEP 446).
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+    try:
+        try:
+            f = open(fd, "wb")  # the file object owns fd from here on
+        except BaseException:
+            os.close(fd)
+            raise
+        with f:
+            written = f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    fsync_dir(os.path.dirname(target))
+    return written
