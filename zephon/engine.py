@@ -16,7 +16,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -41,23 +41,42 @@ class _Failure:
 
 
 class LocalExecutor:
-    """Runs the chain in this process (``workers=0``)."""
+    """Runs the chain in this process (``workers=0``); pulls feed units on demand."""
 
     def __init__(self, plan: Plan) -> None:
         cap = max(op.parallelism for op in plan.ops)
         self.pool = ThreadPoolExecutor(cap, thread_name_prefix="zephon-op") if cap > 1 else None
         self.runner = ChainRunner([op.fresh() for op in plan.ops], self.pool)
-        self.replay_filter = self.runner.ops[plan.filter_index]
-        assert isinstance(self.replay_filter, ReplayFilter)
+        filt = self.runner.ops[plan.filter_index]
+        assert isinstance(filt, ReplayFilter)
+        self.replay_filter = filt
+        self.ready: dict[int, deque[LaneOutput]] = {}
+        self.pull: Callable[[int], list[Any]] = lambda lane: []
 
-    def run(self, feed: list[Any]) -> list[LaneOutput]:
-        return self.runner.feed(feed)
+    def start(self, engine: Engine) -> None:
+        self.pull = engine.pull
+
+    def set_target(self, lane: int, cursor: Any) -> None:
+        self.replay_filter.set_target(lane, cursor)
+
+    def next_output(self, lane: int) -> LaneOutput:
+        ready = self.ready.setdefault(lane, deque())
+        while not ready:
+            feed = self.pull(lane)
+            if not feed:
+                raise RuntimeError(f"lane {lane} was pulled after its end; this is a Zephon bug")
+            for out in self.runner.feed(feed):
+                self.ready.setdefault(out.lane, deque()).append(out)
+        return ready.popleft()
 
     def op_stats(self) -> list[dict[str, Any]]:
         return [
             {"name": op.name, "records_in": s.records_in, "records_out": s.records_out, "seconds": round(s.seconds, 6)}
             for op, s in zip(self.runner.ops, self.runner.stats)
         ]
+
+    def extra_stats(self) -> dict[str, Any]:
+        return {"replay_dropped_records": self.replay_filter.dropped}
 
     def close(self) -> None:
         if self.pool is not None:
@@ -78,7 +97,7 @@ class Engine:
         trackers: dict[int, LaneTracker],
         output: str,
         prefetch: int,
-        executor: LocalExecutor,
+        executor: Any,
     ) -> None:
         self.plan = plan
         self.trackers = trackers
@@ -87,7 +106,6 @@ class Engine:
         self.prefetch = prefetch
         self.executor = executor
         self.lock = threading.RLock()
-        self.ready: dict[int, deque[LaneOutput]] = {lane: deque() for lane in self.lanes}
         self.next_lane = self.lanes[0]  # consumer side: whose turn after the last delivery
         self.replayed_chunks = 0
         self.started = False
@@ -97,25 +115,19 @@ class Engine:
         self._stop = threading.Event()
         self._error: BaseException | None = None
         self._finished = False
+        self._handed: list[Any] = []
 
     # ------------------------------------------------------------ production
-    def _next_output(self, lane: int) -> LaneOutput:
-        ready = self.ready[lane]
-        tracker = self.trackers[lane]
-        while not ready:
-            with self.lock:
-                feed = tracker.pull()
-            if not feed:
-                raise RuntimeError(f"lane {lane} was pulled after its end; this is a Zephon bug")
-            for out in self.executor.run(feed):
-                self.ready[out.lane].append(out)
-        return ready.popleft()
+    def pull(self, lane: int) -> list[Any]:
+        """The lane's next feed unit, under the lock that checkpoint() also takes."""
+        with self.lock:
+            return self.trackers[lane].pull()
 
     def _produce(self) -> Iterator[Any]:
         if self.output == LOCKSTEP:
             lanes = self.lanes
             while True:
-                step = [self._next_output(lane) for lane in lanes]
+                step = [self.executor.next_output(lane) for lane in lanes]
                 if any(o.end for o in step):
                     break
                 yield step
@@ -124,7 +136,7 @@ class Engine:
             pos = next((i for i, lane in enumerate(rot) if lane >= self.next_lane), 0)
             while rot:
                 pos %= len(rot)
-                out = self._next_output(rot[pos])
+                out = self.executor.next_output(rot[pos])
                 yield out
                 if out.end:
                     del rot[pos]
@@ -168,6 +180,7 @@ class Engine:
         if self.started:
             return
         self.started = True
+        self.executor.start(self)
         self._gen = self._produce()
         if self.prefetch > 0:
             self._thread = threading.Thread(target=self._pump, name="zephon-pump", daemon=True)
@@ -180,6 +193,7 @@ class Engine:
         if self._finished:
             raise StopIteration
         self.start()
+        self._release_handed()  # zero-copy views of the previous batch expire now
         while True:
             try:
                 item = self._take()
@@ -196,7 +210,11 @@ class Engine:
                 with self.lock:
                     for out in item:
                         self._deliver(out)
-                return concat_lockstep(item)
+                data = concat_lockstep(item)
+                for out in item:
+                    self._hand_out(out)
+                return data
+            self._hand_out(item)
             with self.lock:
                 self._deliver(item)
                 if item.record is not None:
@@ -204,6 +222,15 @@ class Engine:
                     self.next_lane = self.lanes[(i + 1) % len(self.lanes)]
             if item.record is not None:
                 return item.record.data
+
+    def _hand_out(self, out: LaneOutput) -> None:
+        if out.lease is not None:
+            self._handed.append(out.lease)
+
+    def _release_handed(self) -> None:
+        handed, self._handed = self._handed, []
+        for lease in handed:
+            lease.release()
 
     def _deliver(self, out: LaneOutput) -> None:
         tracker = self.trackers[out.lane]
@@ -243,11 +270,12 @@ class Engine:
             "queue_fill": self._queue.qsize(),
             "final_prefetch": self.prefetch,
             "replayed_chunks": self.replayed_chunks,
-            "replay_dropped_records": self.executor.replay_filter.dropped,
+            **self.executor.extra_stats(),
         }
 
     def close(self) -> None:
         self._stop.set()
+        self._release_handed()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
         self.executor.close()

@@ -29,6 +29,7 @@ from zephon.operators.pack import Pack
 from zephon.operators.shuffle import Shuffle
 from zephon.operators.split import Split
 from zephon.operators.tokenize import Tokenize
+from zephon.runners.processes import ProcessExecutor
 from zephon.topology import Topology, resolve_topology
 from zephon.tracking import LaneTracker
 
@@ -55,6 +56,10 @@ class Pipeline:
         prefetch: outputs the pump prepares ahead of the consumer (0: no pump thread).
         zero_copy: with workers, yield views into shared memory valid until the next
             ``next()`` instead of arrays the caller owns.
+        ring_slot_bytes: bytes per shared-memory ring slot; one batch must fit in a slot.
+        worker_timeout_s: a worker that produces nothing for this long is reported hung.
+        worker_start_method: ``"spawn"`` (safe beside JAX's threads), ``"forkserver"`` or
+            ``"fork"``.
     """
 
     def __init__(
@@ -74,6 +79,9 @@ class Pipeline:
         aggregate_timeout_s: float = 60.0,
         prefetch: int = 3,
         zero_copy: bool = False,
+        ring_slot_bytes: int = 4 << 20,
+        worker_timeout_s: float = 60.0,
+        worker_start_method: str = "spawn",
     ) -> None:
         if not callable(getattr(source, "for_lane", None)):
             raise TypeError(
@@ -103,6 +111,17 @@ class Pipeline:
         self.aggregate_timeout_s = float(aggregate_timeout_s)
         self.prefetch = prefetch
         self.zero_copy = zero_copy
+        if not isinstance(ring_slot_bytes, int) or ring_slot_bytes < 4096:
+            raise ValueError(f"ring_slot_bytes must be an int >= 4096; got {ring_slot_bytes!r}")
+        if not (isinstance(worker_timeout_s, (int, float)) and worker_timeout_s > 0):
+            raise ValueError(f"worker_timeout_s must be a positive number; got {worker_timeout_s!r}")
+        if worker_start_method not in ("spawn", "forkserver", "fork"):
+            raise ValueError(
+                f"worker_start_method must be 'spawn', 'forkserver' or 'fork'; got {worker_start_method!r}"
+            )
+        self.ring_slot_bytes = ring_slot_bytes
+        self.worker_timeout_s = float(worker_timeout_s)
+        self.worker_start_method = worker_start_method
         self._ops: tuple[Operator, ...] = ()
         self._plan: Plan | None = None
         self._engine: Engine | None = None
@@ -205,8 +224,6 @@ class Pipeline:
     def _get_engine(self) -> Engine:
         if self._engine is None:
             plan = self._compiled()
-            if self.workers > 0:
-                raise NotImplementedError("workers > 0 (worker processes) is not available yet")
             trackers = {
                 lane: LaneTracker(
                     lane,
@@ -216,7 +233,20 @@ class Pipeline:
                 )
                 for lane in self.lanes
             }
-            self._engine = Engine(plan, trackers, self.output, self.prefetch, LocalExecutor(plan))
+            executor: Any
+            if self.workers > 0:
+                executor = ProcessExecutor(
+                    plan,
+                    self.workers,
+                    zero_copy=self.zero_copy,
+                    slot_bytes=self.ring_slot_bytes,
+                    nslots=max(4, self.prefetch + 2),
+                    start_method=self.worker_start_method,
+                    worker_timeout_s=self.worker_timeout_s,
+                )
+            else:
+                executor = LocalExecutor(plan)
+            self._engine = Engine(plan, trackers, self.output, self.prefetch, executor)
         return self._engine
 
     # ------------------------------------------------------------ iterate
@@ -293,7 +323,7 @@ class Pipeline:
         for lane in self.lanes:
             tracker = engine.trackers[lane]
             replayed += tracker.load(by_lane[lane])
-            engine.executor.replay_filter.set_target(lane, tracker.cursor)
+            engine.executor.set_target(lane, tracker.cursor)
         engine.replayed_chunks = replayed
         engine.next_lane = next_lane
         self._last_checkpoint_bytes = 0

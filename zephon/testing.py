@@ -60,6 +60,7 @@ def assert_resumes_exactly(
     cuts: Iterable[int] | None = None,
     limit: int | None = None,
     reference: Sequence[Any] | None = None,
+    restore_build: Build | None = None,
 ) -> list[Any]:
     """Check resume at every cut (default: every step, and the end) against a reference run.
 
@@ -68,6 +69,8 @@ def assert_resumes_exactly(
         cuts: steps to checkpoint at; steps past the end mean "after exhaustion".
         limit: compare at most this many batches (for infinite streams).
         reference: the uninterrupted run's batches, if already computed.
+        restore_build: builds the pipeline to restore into (default ``build``): another
+            ``workers`` count, say. It must yield the same batch order.
 
     Returns:
         The reference batches.
@@ -83,7 +86,7 @@ def assert_resumes_exactly(
             head = take(first, cut) if cut else []
             assert_same_batches(reference[:cut], head, f"head before cut {cut}")
             state = roundtrip(first.checkpoint())
-        with build() as second:
+        with (restore_build or build)() as second:
             second.restore(state)
             again = roundtrip(second.checkpoint())
             if again != state:

@@ -27,13 +27,14 @@ from zephon.records import Contributor, FlushSentinel, Record, Tombstone
 class LaneOutput:
     """What a lane hands to the consumer: ``record`` (None at the end) + tombstoned pieces."""
 
-    __slots__ = ("lane", "record", "tombstones", "end")
+    __slots__ = ("lane", "record", "tombstones", "end", "lease")
 
     def __init__(self, lane: int, record: Record | None, tombstones: list[Contributor], end: bool = False) -> None:
         self.lane = lane
         self.record = record
         self.tombstones = tombstones
         self.end = end
+        self.lease: Any = None  # a zero-copy ring slot to release once the consumer moves on
 
     def __repr__(self) -> str:
         return f"LaneOutput(lane={self.lane}, record={self.record!r}, tombstones={len(self.tombstones)}, end={self.end})"

@@ -1,0 +1,79 @@
+"""``zephon inspect CKPT``: what a checkpoint holds and what restoring it will replay."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+
+from zephon.checkpoint.io import load, peek_header
+
+
+def summarize(state: dict[str, Any], file_bytes: int | None = None, header: dict[str, Any] | None = None) -> dict[str, Any]:
+    lanes = []
+    for ls in state.get("lanes", []):
+        inflight = ls.get("inflight", [])
+        samples = sum(len(c["indices"]) // 8 for c in inflight)
+        lanes.append(
+            {
+                "lane": ls["lane"],
+                "inflight_chunk_ids": [c["chunk_id"] for c in inflight],
+                "epoch_boundaries": list(ls.get("boundaries", [])),
+                "replay_cursor": ls.get("cursor"),
+                "batches_delivered": ls.get("batches"),
+                "next_chunk_id": ls.get("next_chunk_id"),
+                "work_source": ls.get("source"),
+                "replays": {"chunks": len(inflight), "samples": samples},
+                "done": ls.get("done"),
+            }
+        )
+    return {
+        "file_bytes": file_bytes,
+        "file_format_version": None if header is None else header["format_version"],
+        "uncompressed_bytes": None if header is None else header["uncompressed_bytes"],
+        "state_format": state.get("format"),
+        "state_version": state.get("version"),
+        "fingerprint": state.get("fingerprint"),
+        "canonical_replicas": state.get("canonical_replicas"),
+        "flush_every_k_chunks": state.get("flush_every_k_chunks"),
+        "eviction": state.get("eviction"),
+        "round_robin": state.get("round_robin"),
+        "lanes": lanes,
+        "restore_replays": {
+            "chunks": sum(ln["replays"]["chunks"] for ln in lanes),
+            "samples": sum(ln["replays"]["samples"] for ln in lanes),
+        },
+    }
+
+
+def _chunk_ids(ids: list[int]) -> str:
+    return "-" if not ids else (f"{ids[0]}" if len(ids) == 1 else f"{ids[0]}..{ids[-1]} ({len(ids)})")
+
+
+def describe(path: str | os.PathLike[str], *, as_json: bool = False) -> str:
+    state = load(path)
+    with open(path, "rb") as f:
+        header = peek_header(f.read(64))
+    info = summarize(state, os.path.getsize(path), header)
+    if as_json:
+        return json.dumps(info, indent=2, default=lambda o: o.hex() if isinstance(o, bytes) else str(o))
+    out = [
+        f"{os.fspath(path)}: {info['file_bytes']:,} bytes ({info['uncompressed_bytes']:,} uncompressed), file format v{info['file_format_version']}",
+        f"  state {info['state_format']} v{info['state_version']}, fingerprint {str(info['fingerprint'])[:16]}",
+        f"  {info['canonical_replicas']} lanes, eviction={info['eviction']}, flush_every_k_chunks={info['flush_every_k_chunks']}, next lane {info['round_robin'] and info['round_robin'].get('next_lane')}",
+        f"  restore replays {info['restore_replays']['chunks']} chunks ({info['restore_replays']['samples']} samples)",
+        "  lane  in-flight chunks      boundaries        replay cursor     batches  source position",
+    ]
+    for ln in info["lanes"]:
+        src = ln["work_source"] or {}
+        pos = src.get("positions", src) if isinstance(src, dict) else src
+        cursor = "-" if ln["replay_cursor"] is None else "(" + ", ".join(map(str, ln["replay_cursor"])) + ")"
+        out.append(
+            f"  {ln['lane']:>4}  {_chunk_ids(ln['inflight_chunk_ids']):<20}  {str(ln['epoch_boundaries']):<16}  "
+            f"{cursor:<16}  {ln['batches_delivered']:>7}  {pos}{'  (done)' if ln['done'] else ''}"
+        )
+    return "\n".join(out)
+
+
+__all__ = ["describe", "summarize"]

@@ -1,0 +1,740 @@
+"""``ShmRing``: a single-producer/single-consumer message ring in shared memory.
+
+One ring per worker process: the worker (producer) writes finished batches —
+numpy arrays plus a small msgpack'd metadata blob — straight into a slot, the
+parent (consumer) reads them as numpy views of the slot and releases the slot
+when done. No pickle anywhere.
+
+The ring protocol lives in a small core with two interchangeable
+implementations: the C extension ``zephon._ring`` (futex waits, GIL released)
+and ``zephon.shm.pyring`` (pure Python, polling), picked once at import:
+``ZEPHON_PURE_PYTHON=1`` or a missing extension selects the pure one.
+``IMPLEMENTATION`` says which is active. Both return status codes, which
+``_raise_for_status`` below turns into exceptions — the one place that does.
+
+Slot framing (all offsets from the slot's first byte, little-endian)::
+
+    0   frame header  <4sHHIIQQ: b"ZMSG", version, flags, narrays,
+                      descriptors_nbytes, trailer_offset, meta_nbytes
+    64+ arrays        64-byte aligned; arrays of PHASED_ARRAY_MIN_BYTES or more
+                      start at an offset = PAYLOAD_PHASE (2048) mod 4096, so
+                      copying them out dodges 4 KiB aliasing (native/ring.h)
+    trailer           msgpack([[dtype.str, shape, offset], ...]) then the meta
+                      bytes; in the gap before the first array when it fits,
+                      else after the last array
+
+A committed length of 0 marks a slot the producer gave up (``abort``); the
+consumer skips it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+import struct
+import time
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any, NamedTuple, NoReturn
+
+import msgpack
+import numpy as np
+
+from zephon.errors import RingError
+from zephon.shm import pyring
+from zephon.shm.segment import Segment, attach_segment, create_segment
+
+PURE_PYTHON_ENV = "ZEPHON_PURE_PYTHON"
+
+
+def _select_core() -> tuple[ModuleType, str]:
+    if os.environ.get(PURE_PYTHON_ENV) == "1":
+        return pyring, "python"
+    try:
+        from zephon import _ring
+    except ImportError:
+        return pyring, "python"
+    return _ring, "native"
+
+
+_core, IMPLEMENTATION = _select_core()
+
+SLOT_ALIGN = pyring.SLOT_ALIGN
+PAYLOAD_PHASE = pyring.PAYLOAD_PHASE
+ARRAY_ALIGN = 64
+PHASED_ARRAY_MIN_BYTES = 16 * 1024  # below this a copy is too short to care about aliasing
+_FRAME = struct.Struct("<4sHHIIQQ")
+_FRAME_MAGIC = b"ZMSG"
+_FRAME_VERSION = 1
+FRAME_NBYTES = _FRAME.size
+_FIRST_ARRAY_OFFSET = ARRAY_ALIGN  # the frame header rounded up to the array alignment
+
+
+class RingClosedError(RingError, EOFError):
+    """The ring was closed: ``reserve`` fails at once, ``get`` once the ring is drained.
+
+    A RingError (the ring cannot be used any more) and an EOFError (for the
+    consumer, the normal end of the stream)."""
+
+
+_PROBLEMS = {
+    pyring.BAD_MAGIC: "the segment does not hold a Zephon ring (bad magic)",
+    pyring.BAD_VERSION: f"the ring has another layout version (this build reads version "
+    f"{pyring.LAYOUT_VERSION}); producer and consumer must run the same Zephon",
+    pyring.BAD_SIZE: "the ring header does not match the segment size or the request "
+    "(nslots, slot_bytes or nbytes out of range)",
+    pyring.BAD_SLOT: "the slot is not held by this side in the right state "
+    "(committed or released twice, or the header was overwritten)",
+    pyring.BAD_ALIGN: "the ring memory is not 4096-byte aligned",
+    pyring.SYSTEM: "a futex or clock system call failed",
+}
+
+
+def _raise_for_status(
+    status: int, action: str, name: str, timeout_s: float | None = None
+) -> NoReturn:
+    """Maps a non-OK core status to the exception Zephon raises for it."""
+    if status == pyring.TIMEOUT:
+        if action == "reserve":
+            raise TimeoutError(
+                f"ring {name!r} is full: no slot was released within {timeout_s} s; "
+                f"the consumer is not keeping up or stopped releasing messages"
+            )
+        raise TimeoutError(
+            f"ring {name!r} is empty: no message arrived within {timeout_s} s; "
+            f"the producer is slow, stuck or dead"
+        )
+    if status == pyring.CLOSED:
+        if action == "get":
+            raise RingClosedError(f"ring {name!r} is closed and drained: no more messages")
+        raise RingClosedError(f"ring {name!r} is closed: cannot {action}")
+    problem = _PROBLEMS.get(status, f"unknown status {status}")
+    raise RingError(f"{action} on ring {name!r} failed: {problem}")
+
+
+def _timeout_ns(timeout_s: float | None) -> int:
+    if timeout_s is None:
+        return -1
+    if not timeout_s >= 0:
+        raise ValueError(f"timeout_s must be >= 0 or None (wait forever); got {timeout_s}")
+    return int(timeout_s * 1e9)
+
+
+def _round_up(value: int, align: int) -> int:
+    return -(-value // align) * align
+
+
+def _place(cursor: int, nbytes: int) -> int:
+    offset = _round_up(cursor, ARRAY_ALIGN)
+    if nbytes >= PHASED_ARRAY_MIN_BYTES:
+        offset += (PAYLOAD_PHASE - offset) % SLOT_ALIGN
+    return offset
+
+
+def plan_layout(array_nbytes: Sequence[int]) -> tuple[int, ...]:
+    """Slot offsets for arrays of these sizes, in order, as ``SlotWriter.array`` places them.
+
+    Every offset is 64-byte aligned; arrays of ``PHASED_ARRAY_MIN_BYTES`` or more start
+    at ``PAYLOAD_PHASE`` modulo 4096. The metadata does not move the arrays: it goes
+    in the gap in front of the first array when it fits, after the last one otherwise.
+    """
+    offsets = []
+    cursor = _FIRST_ARRAY_OFFSET
+    for nbytes in array_nbytes:
+        if nbytes < 0:
+            raise ValueError(f"array sizes must be >= 0 bytes; got {nbytes}")
+        offset = _place(cursor, nbytes)
+        offsets.append(offset)
+        cursor = offset + nbytes
+    return tuple(offsets)
+
+
+def _checked_dtype(dtype: Any) -> np.dtype:
+    dt = np.dtype(dtype)
+    if dt.hasobject or dt.fields is not None or dt.subdtype is not None:
+        raise ValueError(
+            f"ring messages carry plain numeric/bool/bytes arrays; dtype {dt!r} holds "
+            f"objects or fields (convert it, or put such data in the msgpack metadata)"
+        )
+    return dt
+
+
+def _checked_shape(shape: int | Sequence[int]) -> tuple[int, ...]:
+    dims = (shape,) if isinstance(shape, int | np.integer) else tuple(shape)
+    out = tuple(int(d) for d in dims)
+    if any(d < 0 for d in out):
+        raise ValueError(f"array shape must have dimensions >= 0; got {out}")
+    return out
+
+
+class _Trailer(NamedTuple):
+    descriptors: bytes
+    offset: int
+    end: int  # bytes the message occupies in the slot
+
+
+def _plan_trailer(
+    arrays: Sequence[tuple[str, tuple[int, ...], int, int]], meta_nbytes: int
+) -> _Trailer:
+    descriptors = msgpack.packb([[d, list(s), o] for d, s, o, _ in arrays], use_bin_type=True)
+    trailer_nbytes = len(descriptors) + meta_nbytes
+    first = min((o for _, _, o, _ in arrays), default=None)
+    arrays_end = max((o + n for _, _, o, n in arrays), default=FRAME_NBYTES)
+    if first is None or FRAME_NBYTES + trailer_nbytes <= first:
+        offset = FRAME_NBYTES
+    else:
+        offset = _round_up(arrays_end, 8)
+    return _Trailer(descriptors, offset, max(arrays_end, offset + trailer_nbytes))
+
+
+def message_nbytes(meta_nbytes: int, arrays: Sequence[np.ndarray]) -> int:
+    """Bytes a message of ``meta_nbytes`` of metadata and these arrays takes in a slot.
+
+    Useful to size ``slot_bytes``: ``ShmRing.create(nslots, message_nbytes(...))``.
+    """
+    specs = [(_checked_dtype(a.dtype).str, tuple(a.shape), 0, a.nbytes) for a in arrays]
+    offsets = plan_layout([n for *_, n in specs])
+    placed = [(d, s, o, n) for (d, s, _, n), o in zip(specs, offsets, strict=True)]
+    return _plan_trailer(placed, meta_nbytes).end
+
+
+def _slot_memory(view: memoryview, offset: int, nbytes: int) -> Any:
+    """A buffer over part of the mapping that numpy arrays can keep alive.
+
+    ``np.ndarray(buffer=...)`` keeps a reference to its buffer object but not the
+    export; a ctypes array made with ``from_buffer`` holds the export, so the mmap
+    cannot be unmapped under a live view (``mmap.close`` raises BufferError and
+    the mapping goes when the last view does). It also takes attributes, which
+    the consumer uses to hang the slot lease on every view of a message."""
+    return (ctypes.c_uint8 * nbytes).from_buffer(view, offset)
+
+
+class _Lease:
+    """Holds a consumer slot; hands it back on ``release()`` or when garbage collected
+    (that is, when the Message and every array view of it are gone)."""
+
+    __slots__ = ("_ring", "slot")
+
+    def __init__(self, ring: ShmRing, slot: int) -> None:
+        self._ring: ShmRing | None = ring
+        self.slot = slot
+
+    @property
+    def held(self) -> bool:
+        return self._ring is not None
+
+    def release(self) -> None:
+        ring, self._ring = self._ring, None
+        if ring is not None:
+            ring._release_slot(self.slot)
+
+    def __del__(self) -> None:
+        try:
+            self.release()
+        except Exception:  # noqa: BLE001 - best effort at garbage collection
+            pass
+
+
+class Message:
+    """A message received from the ring.
+
+    Attributes:
+        meta: the metadata bytes (a copy: safe to keep).
+        arrays: numpy arrays; with ``zero_copy=True`` views into the slot, valid until
+            ``release()`` (dropping the Message and every view also releases it).
+        nbytes: bytes the message occupied in its slot.
+    """
+
+    __slots__ = ("meta", "arrays", "nbytes", "_lease")
+
+    def __init__(self, meta: bytes, arrays: list[np.ndarray], nbytes: int, lease: _Lease) -> None:
+        self.meta = meta
+        self.arrays = arrays
+        self.nbytes = nbytes
+        self._lease = lease
+
+    @property
+    def released(self) -> bool:
+        return not self._lease.held
+
+    def release(self) -> None:
+        """Hands the slot back to the producer; zero-copy arrays must not be used after."""
+        self._lease.release()
+
+    def __enter__(self) -> Message:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        arrays = ", ".join(f"{a.dtype}{list(a.shape)}" for a in self.arrays)
+        return (
+            f"Message(meta={len(self.meta)} B, arrays=[{arrays}], nbytes={self.nbytes}, "
+            f"released={self.released})"
+        )
+
+
+class SlotWriter:
+    """A reserved slot: allocate arrays in it, fill them in place, then ``commit(meta)``.
+
+    Example::
+
+        with ring.reserve(timeout_s=5) as slot:
+            tokens = slot.array((batch, seq_len), np.int32)
+            np.stack(rows, out=tokens)
+            slot.commit(msgpack.packb(meta))
+
+    Leaving the ``with`` block without committing aborts the slot (the consumer
+    skips it); leaving it normally without committing also raises RingError.
+    """
+
+    def __init__(self, ring: ShmRing, index: int, memory: Any) -> None:
+        self._ring = ring
+        self.index = index
+        self.capacity = len(memory)
+        self._memory = memory
+        self._arrays: list[tuple[str, tuple[int, ...], int, int]] = []
+        self._cursor = _FIRST_ARRAY_OFFSET
+        self._done = False
+
+    @property
+    def done(self) -> bool:
+        """Whether the slot was committed or aborted."""
+        return self._done
+
+    @property
+    def buffer(self) -> memoryview:
+        """The whole slot as a writable byte memoryview (the first FRAME_NBYTES bytes
+        and the trailer are overwritten by ``commit``)."""
+        self._check_open()
+        return memoryview(self._memory).cast("B")
+
+    def array(
+        self, shape: int | Sequence[int], dtype: Any, *, offset: int | None = None
+    ) -> np.ndarray:
+        """Allocates an array in the slot and returns a writable view to fill in place.
+
+        Args:
+            shape: the array shape.
+            dtype: a plain numpy dtype (no objects, no fields).
+            offset: slot offset (a multiple of 64, e.g. from ``plan_layout``); by default
+                the next free offset, placed as ``plan_layout`` does.
+
+        Raises:
+            ValueError: the array does not fit in the slot, or overlaps another one.
+        """
+        self._check_open()
+        dt = _checked_dtype(dtype)
+        dims = _checked_shape(shape)
+        nbytes = math.prod(dims) * dt.itemsize
+        if offset is None:
+            offset = _place(self._cursor, nbytes)
+        else:
+            offset = int(offset)
+            if offset < _FIRST_ARRAY_OFFSET or offset % ARRAY_ALIGN:
+                raise ValueError(
+                    f"array offset must be a multiple of {ARRAY_ALIGN} and >= "
+                    f"{_FIRST_ARRAY_OFFSET} (the frame header comes first); got {offset}"
+                )
+            for d, s, o, n in self._arrays:
+                if offset < o + n and o < offset + nbytes:
+                    raise ValueError(
+                        f"array of {nbytes} bytes at slot offset {offset} overlaps the "
+                        f"{d}{list(s)} array at [{o}, {o + n})"
+                    )
+        end = offset + nbytes
+        if end > self.capacity:
+            raise ValueError(
+                f"array {dt.str}{list(dims)} of {nbytes} bytes at slot offset {offset} needs "
+                f"{end} bytes but ring {self._ring.name!r} slots hold {self.capacity} bytes; "
+                f"raise slot_bytes when creating the ring"
+            )
+        self._arrays.append((dt.str, dims, offset, nbytes))
+        self._cursor = max(self._cursor, end)
+        return np.ndarray(dims, dt, buffer=self._memory, offset=offset)
+
+    def commit(self, meta: bytes | bytearray | memoryview = b"") -> int:
+        """Writes the framing and the metadata and publishes the slot.
+
+        Returns:
+            The bytes the message occupies in the slot.
+
+        Raises:
+            ValueError: the metadata does not fit (the slot stays reserved: ``abort()``).
+        """
+        self._check_open()
+        meta_view = memoryview(meta).cast("B")
+        trailer = _plan_trailer(self._arrays, meta_view.nbytes)
+        if trailer.end > self.capacity:
+            arrays_nbytes = sum(n for *_, n in self._arrays)
+            raise ValueError(
+                f"message needs {trailer.end} bytes (metadata {meta_view.nbytes} B, "
+                f"{len(self._arrays)} arrays {arrays_nbytes} B, framing) but ring "
+                f"{self._ring.name!r} slots hold {self.capacity} bytes; raise slot_bytes "
+                f"to at least {trailer.end} when creating the ring"
+            )
+        slot = memoryview(self._memory).cast("B")
+        start = trailer.offset
+        mid = start + len(trailer.descriptors)
+        slot[start:mid] = trailer.descriptors
+        slot[mid : mid + meta_view.nbytes] = meta_view
+        _FRAME.pack_into(
+            slot,
+            0,
+            _FRAME_MAGIC,
+            _FRAME_VERSION,
+            0,
+            len(self._arrays),
+            len(trailer.descriptors),
+            trailer.offset,
+            meta_view.nbytes,
+        )
+        slot.release()
+        self._ring._commit_slot(self.index, trailer.end)
+        self._done = True
+        return trailer.end
+
+    def abort(self) -> None:
+        """Gives the slot up: it is published empty and the consumer skips it."""
+        if self._done:
+            return
+        self._done = True
+        self._ring._commit_slot(self.index, 0)
+
+    def __del__(self) -> None:
+        # A slot dropped without commit would stall the ring for good: give it up.
+        try:
+            self.abort()
+        except Exception:  # noqa: BLE001 - best effort at garbage collection
+            pass
+
+    def _check_open(self) -> None:
+        if self._done:
+            raise RingError(f"slot {self.index} was already committed or aborted")
+
+    def __enter__(self) -> SlotWriter:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if self._done:
+            return
+        self.abort()
+        if exc_type is None:
+            raise RingError(
+                f"slot {self.index} of ring {self._ring.name!r} was reserved but never "
+                f"committed; call slot.commit(meta) inside the with block (it was aborted)"
+            )
+
+    def __repr__(self) -> str:
+        return (
+            f"SlotWriter(index={self.index}, capacity={self.capacity}, arrays={len(self._arrays)})"
+        )
+
+
+class ShmRing:
+    """A single-producer/single-consumer ring of fixed-size slots in a /dev/shm segment.
+
+    The parent creates it (``ShmRing.create``: owns and unlinks the segment), the
+    worker attaches by name (``ShmRing.attach``). Exactly one producer and one
+    consumer, each used from one thread at a time (``close`` may come from any
+    thread and wakes a blocked call).
+
+    Closing: ``close()`` marks the ring closed for both sides, wakes any blocked
+    call and unmaps. After it the producer's ``reserve`` raises RingClosedError at
+    once; the consumer's ``get`` keeps returning the messages committed before and
+    raises RingClosedError (an EOFError) when the ring is drained. Garbage
+    collection closes (and, for the owner, unlinks) the ring too, except in a
+    forked copy of the process that made the object.
+    """
+
+    def __init__(self, segment: Segment, *, _token: object = None) -> None:
+        if _token is not _PRIVATE:
+            raise TypeError("use ShmRing.create(nslots, slot_bytes) or ShmRing.attach(name)")
+        self._segment = segment
+        self.name = segment.name
+        self.owner = segment.owner
+        self._pid = os.getpid()
+        self._view: memoryview | None = None
+        view = memoryview(segment.mmap)
+        status, nslots, slot_bytes, slots_offset = _core.attach(view)
+        if status != pyring.OK:
+            view.release()
+            _raise_for_status(status, "attach", segment.name)
+        self._view = view
+        self.nslots: int = nslots
+        self.slot_bytes: int = slot_bytes
+        self._slots_offset: int = slots_offset
+        self.implementation = IMPLEMENTATION
+
+    @classmethod
+    def create(cls, nslots: int, slot_bytes: int, name: str | None = None) -> ShmRing:
+        """Creates a ring in a new segment (this process owns it and should ``unlink``).
+
+        Args:
+            nslots: slots in the ring (messages in flight), >= 1.
+            slot_bytes: capacity of one slot; rounded up to a multiple of 4096.
+            name: segment name (``zephon_...``); by default a fresh
+                ``zephon_<pid>_<starttime>_<hex>`` that ``sweep_stale_segments`` understands.
+
+        Raises:
+            ShmError: /dev/shm is too small or the segment cannot be created.
+        """
+        if not isinstance(nslots, int) or not 1 <= nslots <= 0xFFFFFFFF:
+            raise ValueError(f"nslots must be an int in [1, 2**32); got {nslots!r}")
+        if not isinstance(slot_bytes, int) or slot_bytes < 1:
+            raise ValueError(f"slot_bytes must be an int >= 1; got {slot_bytes!r}")
+        slot_bytes = _round_up(slot_bytes, SLOT_ALIGN)
+        size = _core.required_size(nslots, slot_bytes)
+        segment = create_segment(size, name)
+        try:
+            with memoryview(segment.mmap) as view:
+                status = _core.init(view, nslots, slot_bytes)
+            if status != pyring.OK:
+                _raise_for_status(status, "create", segment.name)
+            return cls(segment, _token=_PRIVATE)
+        except BaseException:
+            segment.close()
+            segment.unlink()
+            raise
+
+    @classmethod
+    def attach(cls, name: str) -> ShmRing:
+        """Attaches to a ring another process created, validating its header.
+
+        Raises:
+            ShmError: no such segment. RingError: the segment does not hold a valid ring.
+        """
+        segment = attach_segment(name)
+        try:
+            return cls(segment, _token=_PRIVATE)
+        except BaseException:
+            segment.close()
+            raise
+
+    # -- state ---------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        """True once either side closed the ring (or this object was closed)."""
+        view = self._view
+        return view is None or bool(_core.is_closed(view))
+
+    def _live_view(self, action: str) -> memoryview:
+        view = self._view
+        if view is None:
+            raise RingClosedError(f"ring {self.name!r} was closed by this process: cannot {action}")
+        return view
+
+    def _slot_memory(self, view: memoryview, slot: int, nbytes: int) -> Any:
+        return _slot_memory(view, self._slots_offset + slot * self.slot_bytes, nbytes)
+
+    # -- producer ------------------------------------------------------------
+
+    def reserve(self, timeout_s: float | None = None) -> SlotWriter:
+        """Waits for a free slot and returns it for writing (``timeout_s=None``: forever).
+
+        Raises:
+            TimeoutError: no slot became free in time (the ring is full).
+            RingClosedError: the ring is closed.
+        """
+        view = self._live_view("reserve")
+        status, slot = _core.reserve(view, _timeout_ns(timeout_s))
+        if status != pyring.OK:
+            _raise_for_status(status, "reserve", self.name, timeout_s)
+        return SlotWriter(self, slot, self._slot_memory(view, slot, self.slot_bytes))
+
+    def commit(self, slot: SlotWriter, meta: bytes | bytearray | memoryview = b"") -> int:
+        """Same as ``slot.commit(meta)``."""
+        return slot.commit(meta)
+
+    def put(
+        self,
+        meta: bytes | bytearray | memoryview,
+        arrays: Sequence[np.ndarray] = (),
+        timeout_s: float | None = None,
+    ) -> int:
+        """Copies ``arrays`` into a slot and publishes them with ``meta``.
+
+        Returns:
+            The bytes the message occupies in the slot.
+
+        Raises:
+            ValueError: the message is larger than a slot (checked before waiting).
+            TimeoutError: the ring stayed full for ``timeout_s``.
+            RingClosedError: the ring is closed.
+        """
+        arrays = [np.asarray(a) for a in arrays]
+        meta_nbytes = memoryview(meta).nbytes
+        need = message_nbytes(meta_nbytes, arrays)
+        if need > self.slot_bytes:
+            raise ValueError(
+                f"message needs {need} bytes (metadata {meta_nbytes} B, {len(arrays)} arrays "
+                f"{sum(a.nbytes for a in arrays)} B, framing) but ring {self.name!r} slots hold "
+                f"{self.slot_bytes} bytes; raise slot_bytes to at least {need} when creating "
+                f"the ring"
+            )
+        with self.reserve(timeout_s) as slot:
+            for a in arrays:
+                np.copyto(slot.array(a.shape, a.dtype), a, casting="no")
+            return slot.commit(meta)
+
+    def _commit_slot(self, slot: int, nbytes: int) -> None:
+        status = _core.commit(self._live_view("commit"), slot, nbytes)
+        if status != pyring.OK:
+            _raise_for_status(status, "commit", self.name)
+
+    # -- consumer ------------------------------------------------------------
+
+    def get(self, timeout_s: float | None = None, *, zero_copy: bool = True) -> Message:
+        """Waits for the next message (``timeout_s=None``: forever).
+
+        Args:
+            timeout_s: seconds to wait; None waits forever.
+            zero_copy: True returns views into the slot, which stays held until
+                ``Message.release()`` (or until the Message and all its views are
+                dropped); False copies the arrays out and releases the slot at once.
+
+        Raises:
+            TimeoutError: no message in time (the ring is empty).
+            RingClosedError: the ring is closed and every message was read.
+            RingError: the slot does not hold a valid message (it is released first).
+        """
+        deadline = None if timeout_s is None else time.monotonic() + _timeout_ns(timeout_s) / 1e9
+        while True:
+            view = self._live_view("get")
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            status, slot, nbytes = _core.acquire(view, _timeout_ns(left))
+            if status != pyring.OK:
+                _raise_for_status(status, "get", self.name, timeout_s)
+            lease = _Lease(self, slot)
+            if nbytes == 0:  # aborted by the producer
+                lease.release()
+                continue
+            try:
+                message = self._read_message(view, lease, nbytes)
+            except BaseException:
+                lease.release()
+                raise
+            if not zero_copy:
+                message.arrays = [np.array(a, copy=True) for a in message.arrays]
+                lease.release()
+            return message
+
+    def _read_message(self, view: memoryview, lease: _Lease, nbytes: int) -> Message:
+        memory = self._slot_memory(view, lease.slot, nbytes)
+        memory.lease = lease
+        raw = memoryview(memory).cast("B")
+        try:
+            return self._parse(raw, memory, lease, nbytes)
+        except (ValueError, TypeError, KeyError, struct.error, msgpack.UnpackException) as e:
+            raise RingError(
+                f"slot {lease.slot} of ring {self.name!r} does not hold a valid message "
+                f"({nbytes} bytes): {e}"
+            ) from e
+        finally:
+            raw.release()
+
+    def _parse(self, raw: memoryview, memory: Any, lease: _Lease, nbytes: int) -> Message:
+        magic, version, _flags, narrays, desc_nbytes, trailer_offset, meta_nbytes = (
+            _FRAME.unpack_from(raw, 0)
+        )
+        if magic != _FRAME_MAGIC or version != _FRAME_VERSION:
+            raise ValueError(f"bad frame header {magic!r} version {version}")
+        if trailer_offset + desc_nbytes + meta_nbytes > nbytes:
+            raise ValueError("trailer runs past the message")
+        meta_start = trailer_offset + desc_nbytes
+        descriptors = msgpack.unpackb(raw[trailer_offset:meta_start], use_list=True)
+        meta = bytes(raw[meta_start : meta_start + meta_nbytes])
+        if not isinstance(descriptors, list) or len(descriptors) != narrays:
+            raise ValueError(f"expected {narrays} array descriptors")
+        arrays = []
+        for dtype_str, shape, offset in descriptors:
+            dt = _checked_dtype(dtype_str)
+            dims = _checked_shape(shape)
+            if offset < FRAME_NBYTES or offset + math.prod(dims) * dt.itemsize > nbytes:
+                raise ValueError(
+                    f"array {dtype_str}{dims} at offset {offset} runs past the message"
+                )
+            arrays.append(np.ndarray(dims, dt, buffer=memory, offset=offset))
+        return Message(meta, arrays, nbytes, lease)
+
+    def _release_slot(self, slot: int) -> None:
+        view = self._view
+        if view is None:
+            return  # closed locally: the peer was told, nothing to hand back
+        status = _core.release(view, slot)
+        if status != pyring.OK:
+            _raise_for_status(status, "release", self.name)
+
+    # -- lifecycle -----------------------------------------------------------
+
+    def close(self) -> None:
+        """Marks the ring closed (waking the peer and any blocked call) and unmaps it.
+
+        Idempotent. Views of slots still alive keep the mapping until they are dropped.
+        """
+        view, self._view = self._view, None
+        if view is None:
+            return
+        try:
+            _core.close(view)
+        finally:
+            # Drop the view rather than release() it: a call blocked in another thread
+            # may still be using it, and a released view would fail under it. Our last
+            # reference going away lets the segment unmap; if slot views or a blocked
+            # call still hold the mapping, it is unmapped when they let go.
+            del view
+            self._segment.close()
+
+    def unlink(self) -> None:
+        """Removes the segment's name (the creator's job; existing mappings stay valid)."""
+        self._segment.unlink()
+
+    def __enter__(self) -> ShmRing:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+        if self.owner:
+            self.unlink()
+
+    def __del__(self) -> None:
+        try:
+            if os.getpid() != self._pid:
+                return  # a forked copy must not close or unlink the parent's ring
+            self.close()
+            if self.owner:
+                self.unlink()
+        except Exception:  # noqa: BLE001 - best effort at garbage collection
+            pass
+
+    def __reduce__(self) -> NoReturn:
+        raise TypeError(
+            f"ShmRing {self.name!r} cannot be pickled; pass ring.name to the other "
+            f"process and call ShmRing.attach(name) there"
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"ShmRing(name={self.name!r}, nslots={self.nslots}, slot_bytes={self.slot_bytes}, "
+            f"owner={self.owner}, implementation={self.implementation!r}, "
+            f"closed={self._view is None})"
+        )
+
+
+_PRIVATE = object()
+
+__all__ = [
+    "FRAME_NBYTES",
+    "IMPLEMENTATION",
+    "PAYLOAD_PHASE",
+    "PHASED_ARRAY_MIN_BYTES",
+    "Message",
+    "RingClosedError",
+    "ShmRing",
+    "SlotWriter",
+    "message_nbytes",
+    "plan_layout",
+]
