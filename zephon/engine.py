@@ -116,6 +116,7 @@ class Engine:
         self._error: BaseException | None = None
         self._finished = False
         self._handed: list[Any] = []
+        self.last_lanes: tuple[int, ...] = ()
 
     # ------------------------------------------------------------ production
     def pull(self, lane: int) -> list[Any]:
@@ -213,6 +214,7 @@ class Engine:
                 data = concat_lockstep(item)
                 for out in item:
                     self._hand_out(out)
+                self.last_lanes = tuple(out.lane for out in item)
                 return data
             self._hand_out(item)
             with self.lock:
@@ -221,6 +223,7 @@ class Engine:
                     i = self.lanes.index(item.lane)
                     self.next_lane = self.lanes[(i + 1) % len(self.lanes)]
             if item.record is not None:
+                self.last_lanes = (item.lane,)
                 return item.record.data
 
     def _hand_out(self, out: LaneOutput) -> None:
@@ -248,7 +251,7 @@ class Engine:
         with self.lock:
             return {
                 "lanes": [self.trackers[lane].state() for lane in self.lanes],
-                "round_robin": {"next_lane": self.next_lane},
+                "next_lane": self.next_lane,
             }
 
     def stats(self) -> dict[str, Any]:

@@ -61,7 +61,7 @@ def describe(path: str | os.PathLike[str], *, as_json: bool = False) -> str:
     out = [
         f"{os.fspath(path)}: {info['file_bytes']:,} bytes ({info['uncompressed_bytes']:,} uncompressed), file format v{info['file_format_version']}",
         f"  state {info['state_format']} v{info['state_version']}, fingerprint {str(info['fingerprint'])[:16]}",
-        f"  {info['canonical_replicas']} lanes, eviction={info['eviction']}, flush_every_k_chunks={info['flush_every_k_chunks']}, next lane {info['round_robin'] and info['round_robin'].get('next_lane')}",
+        f"  {info['canonical_replicas']} lanes, eviction={info['eviction']}, flush_every_k_chunks={info['flush_every_k_chunks']}, next lanes {info['round_robin'] and info['round_robin'].get('next_lanes')}",
         f"  restore replays {info['restore_replays']['chunks']} chunks ({info['restore_replays']['samples']} samples)",
         "  lane  in-flight chunks      boundaries        replay cursor     batches  source position",
     ]

@@ -126,6 +126,7 @@ class Pipeline:
         self._plan: Plan | None = None
         self._engine: Engine | None = None
         self._last_checkpoint_bytes = 0
+        self._agg: Any = None
 
     # ------------------------------------------------------------- builder
     def apply(self, op: Operator) -> Pipeline:
@@ -136,6 +137,7 @@ class Pipeline:
         new._ops = (*self._ops, op)
         new._plan = None
         new._engine = None
+        new._agg = None
         return new
 
     def fetch(self, parallelism: int = 1) -> Pipeline:
@@ -256,11 +258,24 @@ class Pipeline:
     def __next__(self) -> Any:
         return self._get_engine().next()
 
+    @property
+    def last_batch_lanes(self) -> tuple[int, ...]:
+        """The lanes the last returned batch came from (one lane for ``interleave``, the
+        rank's lanes in order for ``lockstep``)."""
+        return () if self._engine is None else self._engine.last_lanes
+
     # --------------------------------------------------------- checkpoint
     def checkpoint(self) -> dict[str, Any]:
-        """This rank's loader state at the last delivered batch: msgpack-able, small, and
-        independent of how far the prefetch pump has run ahead."""
+        """The loader state at the last delivered batch: msgpack-able, small, and
+        independent of how far the prefetch pump has run ahead.
+
+        With ``aggregate_dir``/``aggregate_store`` every rank must call it at the same step;
+        the ranks run one checkpoint round and all return the same merged state, covering
+        every lane. Without them a rank returns the state of its own lanes.
+        """
         plan = self._compiled()
+        topo = self._topology
+        engine = self._get_engine()
         state = {
             "format": FORMAT,
             "version": FORMAT_VERSION,
@@ -268,10 +283,39 @@ class Pipeline:
             "canonical_replicas": self.canonical_replicas,
             "flush_every_k_chunks": plan.flush_every_k_chunks,
             "eviction": plan.eviction,
-            **self._get_engine().state(),
+            "topology": {
+                "rank": topo.rank,
+                "world_size": topo.world_size,
+                "dp_rank": topo.dp_rank,
+                "dp_size": topo.dp_size,
+                "canonical_replicas": topo.canonical_replicas,
+            },
+            **engine.state(),
         }
+        state["round_robin"] = {"dp_size": topo.dp_size, "next_lanes": {str(topo.dp_rank): state.pop("next_lane")}}
+        if self._aggregated():
+            state = self._aggregator().round(state)
         self._last_checkpoint_bytes = len(msgpack.packb(state, use_bin_type=True))
         return state
+
+    def _aggregated(self) -> bool:
+        return self.aggregate_dir is not None or self.aggregate_store is not None
+
+    def _aggregator(self) -> Any:
+        if self._agg is None:
+            from zephon.checkpoint.aggregate import Aggregator, open_store
+
+            topo = self._topology
+            store = open_store(self.aggregate_dir, self.aggregate_store)
+            self._agg = Aggregator(
+                store,
+                rank=topo.rank,
+                world_size=topo.world_size,
+                timeout_s=self.aggregate_timeout_s,
+                expected_lanes=lambda r: _lanes_of_rank(topo, r),
+                merge=merge_states,
+            )
+        return self._agg
 
     def restore(self, state: dict[str, Any]) -> None:
         """Continue from ``state`` (from :meth:`checkpoint`) on this freshly built pipeline.
@@ -308,14 +352,16 @@ class Pipeline:
             )
         try:
             by_lane = {int(ls["lane"]): ls for ls in state["lanes"]}
-            next_lane = int(state["round_robin"]["next_lane"])
-        except (KeyError, TypeError, ValueError) as e:
+            rr = state["round_robin"]
+            next_lanes = {int(k): int(v) for k, v in rr["next_lanes"].items()}
+            saved_dp_size = int(rr["dp_size"])
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise CheckpointError(f"malformed checkpoint: {e!r}") from e
         missing = [lane for lane in self.lanes if lane not in by_lane]
         if missing:
             raise CheckpointError(
                 f"checkpoint has no state for lanes {missing} that this rank owns; restore a "
-                "merged (all-rank) checkpoint"
+                "merged (all-rank) checkpoint: set aggregate_dir= or aggregate_store="
             )
         self._engine = None
         engine = self._get_engine()
@@ -325,7 +371,14 @@ class Pipeline:
             replayed += tracker.load(by_lane[lane])
             engine.executor.set_target(lane, tracker.cursor)
         engine.replayed_chunks = replayed
-        engine.next_lane = next_lane
+        topo = self._topology
+        if saved_dp_size == topo.dp_size and topo.dp_rank in next_lanes:
+            engine.next_lane = next_lanes[topo.dp_rank]
+        else:
+            # Another topology: the round-robin turn goes to the least advanced lane, which
+            # is where a rank's round-robin would be (ties: the lowest lane).
+            live = [lane for lane in self.lanes if not engine.trackers[lane].done] or self.lanes
+            engine.next_lane = min(live, key=lambda lane: (engine.trackers[lane].batches, lane))
         self._last_checkpoint_bytes = 0
 
     # ---------------------------------------------------------------- misc
@@ -340,6 +393,8 @@ class Pipeline:
         """Stop the pump and release threads, workers and shared memory. Idempotent."""
         if self._engine is not None:
             self._engine.close()
+        if self._agg is not None:
+            self._agg.close()
 
     def __enter__(self) -> Pipeline:
         return self
@@ -362,3 +417,55 @@ def _parallelism(p: int) -> int:
     if not isinstance(p, int) or p < 1:
         raise ValueError(f"parallelism must be a positive int; got {p!r}")
     return p
+
+
+def _lanes_of_rank(topo: Topology, rank: int) -> list[int]:
+    """Lanes that ``rank`` must report, by this rank's view of the job's layout: ranks are
+    dealt to DP groups like the default (dp_rank = rank * dp_size // world_size)."""
+    dp_rank = rank * topo.dp_size // topo.world_size
+    per = topo.canonical_replicas // topo.dp_size
+    return list(range(dp_rank * per, (dp_rank + 1) * per))
+
+
+def merge_states(states: list[dict[str, Any]]) -> dict[str, Any]:
+    """Every rank's state (index = rank) into one covering all lanes.
+
+    Model-parallel peers of one DP group read the same lanes, so their lane states must
+    be identical; the group's lowest rank speaks for it.
+    """
+    from zephon.errors import AggregationError
+
+    first = states[0]
+    lanes: dict[int, Any] = {}
+    owner: dict[int, int] = {}
+    next_lanes: dict[str, int] = {}
+    for rank, st in enumerate(states):
+        if st["fingerprint"] != first["fingerprint"]:
+            raise AggregationError(
+                f"rank {rank}'s pipeline fingerprint {st['fingerprint'][:12]}… differs from rank 0's "
+                f"{first['fingerprint'][:12]}…: every rank must build the same pipeline"
+            )
+        next_lanes.update(st["round_robin"]["next_lanes"])
+        for ls in st["lanes"]:
+            lane = int(ls["lane"])
+            if lane in lanes:
+                if lanes[lane] != ls:
+                    raise AggregationError(
+                        f"ranks {owner[lane]} and {rank} report different states for lane {lane}: "
+                        "model-parallel peers of a DP group must consume the same batches"
+                    )
+                continue
+            lanes[lane] = ls
+            owner[lane] = rank
+    merged = {k: v for k, v in first.items() if k not in ("lanes", "topology", "round_robin")}
+    merged["lanes"] = [lanes[lane] for lane in sorted(lanes)]
+    merged["topology"] = {
+        "rank": 0,
+        "world_size": first["topology"]["world_size"],
+        "dp_rank": 0,
+        "dp_size": first["topology"]["dp_size"],
+        "canonical_replicas": first["topology"]["canonical_replicas"],
+        "merged": True,
+    }
+    merged["round_robin"] = {"dp_size": first["round_robin"]["dp_size"], "next_lanes": next_lanes}
+    return merged

@@ -1,0 +1,71 @@
+"""The small key-value interface that multi-rank checkpoint rounds run over.
+
+One protocol (``zephon.checkpoint.aggregate``) runs over every backend: a shared directory
+or fsspec URL, etcd, the JAX coordination service, torch's TCPStore. A store only needs
+atomic whole-value puts, gets that return None for absent keys, and deletes; nothing lists
+keys (TCPStore cannot), so every key the protocol reads is one it can name.
+
+Two optional powers make rounds safer where a backend has them:
+
+* a *fence*: ``announce`` returns a token, and ``put(..., fence=token)`` succeeds only while
+  the announcement it came from is still current, so a stalled old leader cannot publish
+  over a newer round (etcd: a transaction on the key's mod revision);
+* a *liveness lease*: ``keep_alive(key, ttl_s)`` makes ``key`` vanish ``ttl_s`` after the
+  holder stops refreshing it, so followers learn of a dead leader (etcd: a lease).
+
+Backends without them return None from ``announce`` and no-op ``keep_alive``; the protocol
+then relies on the failure notice and the round's time budget.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+
+class StaleRoundError(Exception):
+    """A fenced write was refused: the round it belonged to is no longer current."""
+
+
+@runtime_checkable
+class Store(Protocol):
+    #: seconds between polls when waiting for a key; backends over object storage back
+    #: off exponentially from this, capped at 5 s (see ``poll_delays``).
+    poll_interval_s: float
+
+    def put(self, key: str, value: bytes, *, fence: Any = None) -> None:
+        """Atomically create or replace ``key``; with ``fence``, raise StaleRoundError
+        unless the announcement that returned ``fence`` is still current."""
+        ...
+
+    def get(self, key: str) -> bytes | None:
+        """The value, or None when absent. Never blocks longer than the backend's request
+        timeout; a backend that cannot be reached raises ``AggregationError`` naming it."""
+        ...
+
+    def delete(self, key: str) -> None:
+        """Remove ``key``; absent is fine."""
+        ...
+
+    def announce(self, key: str, value: bytes) -> Any:
+        """Put ``key`` and return a fence token for later fenced puts (None: no fencing)."""
+        ...
+
+    def keep_alive(self, key: str, value: bytes, ttl_s: float) -> Any:
+        """Put ``key`` so that it disappears ``ttl_s`` after the returned handle's
+        ``stop()`` or the holder's death; the handle refreshes it in the background.
+        Backends without leases put it plainly and return a handle whose stop deletes it."""
+        ...
+
+    def describe(self) -> str:
+        """Where the store is, for error messages: ``etcd://127.0.0.1:2379``, a path, ..."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def poll_delays(first_s: float, cap_s: float = 5.0, factor: float = 1.6):
+    """Exponential backoff: first_s, first_s*1.6, ... capped at ``cap_s`` (forever)."""
+    d = first_s
+    while True:
+        yield d
+        d = min(cap_s, d * factor)
