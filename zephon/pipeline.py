@@ -201,6 +201,7 @@ class Pipeline:
                 weights=getattr(self.source, "weights", None),
                 seed=int(getattr(self.source, "seed", 0)),
                 num_components=int(getattr(self.source, "num_components", 0)),
+                names=tuple(getattr(self.source, "names", ())),
             )
             for op in plan.ops:
                 op.bind(ctx)

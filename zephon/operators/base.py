@@ -41,6 +41,7 @@ class PipelineContext:
     weights: Sequence[float] | None = None
     seed: int = 0
     num_components: int = 0
+    names: Sequence[str] = ()
     extra: dict[str, Any] = field(default_factory=dict)
 
 

@@ -66,7 +66,14 @@ class Batch(LaneStateOperator):
                     ) from e
             data: Any = out
         else:
-            data = np.stack([np.asarray(r.data) for r in records])
+            arrays = [np.asarray(r.data) for r in records]
+            try:
+                data = np.stack(arrays)
+            except ValueError as e:
+                raise ValueError(
+                    f"batch: records cannot be stacked (shapes {[a.shape for a in arrays]}); "
+                    "pad or pack records to one shape before batch"
+                ) from e
         contributors = [c for r in records for c in r.contributors]
         mix: dict[int, int] = {}
         for r in records:

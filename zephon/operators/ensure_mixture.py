@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from zephon.operators.base import LaneStateOperator, OpTraits, Output, PipelineContext
 from zephon.records import Record
@@ -31,11 +32,14 @@ class EnsureMixture(LaneStateOperator):
     traits = OpTraits(preserves_cursor_order=False, stateful=True)
     name = "ensure_mixture"
 
-    def __init__(self, weights: Sequence[float] | None = None, buffer_size: int = 16) -> None:
+    def __init__(self, weights: Sequence[float] | Mapping[str, float] | None = None, buffer_size: int = 16) -> None:
         super().__init__()
         if not isinstance(buffer_size, int) or buffer_size < 1:
             raise ValueError(f"ensure_mixture(buffer_size=...) must be a positive int; got {buffer_size!r}")
-        self.weights = None if weights is None else tuple(float(w) for w in weights)
+        if weights is None or isinstance(weights, Mapping):
+            self.weights: Any = None if weights is None else {str(k): float(v) for k, v in weights.items()}
+        else:
+            self.weights = tuple(float(w) for w in weights)
         self.buffer_size = buffer_size
         self._w: tuple[float, ...] = ()
         self._active: tuple[int, ...] = ()
@@ -46,7 +50,15 @@ class EnsureMixture(LaneStateOperator):
             raise ValueError(
                 "ensure_mixture() has no weights: the work source has none; pass ensure_mixture(weights=[...])"
             )
-        weights = list(weights.values()) if isinstance(weights, dict) else list(weights)
+        if isinstance(weights, Mapping):
+            names = list(ctx.names)
+            if sorted(weights) != sorted(names):
+                raise ValueError(
+                    f"ensure_mixture weights name {sorted(weights)} but the work source's datasets "
+                    f"are {names}; give one weight per dataset name"
+                )
+            weights = [weights[n] for n in names]
+        weights = list(weights)
         if ctx.num_components and len(weights) != ctx.num_components:
             raise ValueError(
                 f"ensure_mixture: {len(weights)} weights for {ctx.num_components} components; "

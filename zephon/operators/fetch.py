@@ -55,6 +55,9 @@ class Fetch(Operator):
                 out[p] = records[p].replace(sample)
         return out
 
+    def fresh(self) -> Operator:
+        return self  # stateless; a deep copy would duplicate the user's datasets
+
     def fingerprint(self) -> str:
         return "Fetch()"  # parallelism changes speed, never results
 

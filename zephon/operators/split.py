@@ -33,10 +33,11 @@ class Split(Operator):
         n = len(main)
         if n <= self.max_len:
             return (record,)
-        if len(record.contributors) != 1 or record.contributors[0].child != 0:
+        first = record.contributors[0]
+        if len(record.contributors) != 1 or first.child != 0 or not first.is_last_child:
             raise ContractViolation(
-                f"split got a record with {len(record.contributors)} contributors "
-                f"(first {record.contributors[0]}); split whole samples, before pack"
+                f"split got a record that is not a whole sample ({len(record.contributors)} "
+                f"contributors, first {tuple(first)}); split whole samples once, before pack"
             )
         chunk_id, offset, _, _ = record.contributors[0]
         ((component, _),) = record.mix.items()

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from zephon.chunks import WorkChunk
+from zephon.chunks import SamplePointer, WorkChunk
 from zephon.errors import ContractViolation
 from zephon.operators.base import Operator
 from zephon.records import Contributor, FlushSentinel, Record, Tombstone
@@ -46,7 +46,7 @@ def expand(chunk: WorkChunk) -> list[Record]:
     comps = chunk.components.tolist()
     idx = chunk.indices.tolist()
     return [
-        Record((c, i), lane, [Contributor(cid, off, 0, True)], {c: 1})
+        Record(SamplePointer(c, i), lane, [Contributor(cid, off, 0, True)], {c: 1})
         for off, (c, i) in enumerate(zip(comps, idx))
     ]
 

@@ -1,0 +1,41 @@
+"""Zephon's pipeline for the LM workload, the counterpart of ``grain_baseline``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import zephon as zp
+from benchmarks.workload import BATCH_SIZE, NUM_BINS, SEQ_LEN
+
+
+def zephon_lm_pipeline(
+    docs: Sequence[str],
+    seed: int,
+    workers: int = 0,
+    *,
+    lanes: int = 8,
+    chunk_size: int = 64,
+    flush_every_k_chunks: int = 4,
+    seq_len: int = SEQ_LEN,
+    num_bins: int = NUM_BINS,
+    batch_size: int = BATCH_SIZE,
+    prefetch: int = 3,
+) -> zp.Pipeline:
+    """Shuffled (Feistel) source -> byte tokens -> split -> first-fit pack -> batch, with all
+    tracking on. The pack operator reorders, so epoch-based eviction and flush sentinels run
+    exactly as in a real job."""
+    src = zp.StaticMixtureWorkSource([zp.ArraySource(list(docs))], seed=seed, chunk_size=chunk_size)
+    return (
+        zp.Pipeline(
+            src,
+            canonical_replicas=lanes,
+            flush_every_k_chunks=flush_every_k_chunks,
+            workers=workers,
+            prefetch=prefetch,
+        )
+        .fetch()
+        .tokenize(zp.ByteTokenizer())
+        .split(max_len=seq_len)
+        .pack(seq_len=seq_len, num_bins=num_bins)
+        .batch(batch_size)
+    )
