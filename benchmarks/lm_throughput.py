@@ -14,29 +14,47 @@ import argparse
 import sys
 from typing import Any
 
-from benchmarks.common import interleaved_repeats, measure_throughput, print_table, summarize, write_results
+from benchmarks.common import (
+    interleaved_repeats,
+    measure_throughput,
+    print_table,
+    summarize,
+    write_results,
+)
 from benchmarks.workload import SyntheticDocs, pregenerate
 from benchmarks.zephon_lm import zephon_lm_pipeline
 
 
-def candidates(docs: list[str], seed: int, batches: int, warmup: int, with_grain: bool, workers: list[int]) -> dict[str, Any]:
+def candidates(
+    docs: list[str], seed: int, batches: int, warmup: int, with_grain: bool, workers: list[int]
+) -> dict[str, Any]:
     cands: dict[str, Any] = {}
     for w in workers:
-        cands[f"zephon workers={w}"] = lambda w=w: measure_throughput(lambda: zephon_lm_pipeline(docs, seed, w), batches, warmup)
+        cands[f"zephon workers={w}"] = lambda w=w: measure_throughput(
+            lambda: zephon_lm_pipeline(docs, seed, w), batches, warmup
+        )
     if with_grain:
         from benchmarks.grain_baseline import grain_lm_iter
 
-        cands["grain single-process"] = lambda: measure_throughput(lambda: grain_lm_iter(docs, seed), batches, warmup)
+        cands["grain single-process"] = lambda: measure_throughput(
+            lambda: grain_lm_iter(docs, seed), batches, warmup
+        )
         if max(workers) > 0:
-            cands["grain mp_prefetch(2) shm"] = lambda: measure_throughput(lambda: grain_lm_iter(docs, seed, workers=2), batches, warmup)
+            cands["grain mp_prefetch(2) shm"] = lambda: measure_throughput(
+                lambda: grain_lm_iter(docs, seed, workers=2), batches, warmup
+            )
             cands["grain mp_prefetch(2) min_shm_size=1e6"] = lambda: measure_throughput(
-                lambda: grain_lm_iter(docs, seed, workers=2, min_shm_size=1_000_000), batches, warmup
+                lambda: grain_lm_iter(docs, seed, workers=2, min_shm_size=1_000_000),
+                batches,
+                warmup,
             )
     return cands
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--quick", action="store_true", help="tiny sizes, one repetition (CI)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--batches", type=int, default=300)
@@ -53,12 +71,21 @@ def main(argv: list[str] | None = None) -> int:
         try:
             import grain  # noqa: F401
         except ImportError:
-            print("grain is not installed (pip install 'zephon[bench]'); measuring Zephon only", file=sys.stderr)
+            print(
+                "grain is not installed (pip install 'zephon[bench]'); measuring Zephon only",
+                file=sys.stderr,
+            )
             with_grain = False
     docs = pregenerate(SyntheticDocs(args.docs, seed=0))
     warmup = 5 if args.quick else 20
-    results = interleaved_repeats(candidates(docs, 0, args.batches, warmup, with_grain, workers), args.repeats, rotate=True)
-    base = summarize([r["batches_per_s"] for r in results["grain single-process"]])["median"] if "grain single-process" in results else None
+    results = interleaved_repeats(
+        candidates(docs, 0, args.batches, warmup, with_grain, workers), args.repeats, rotate=True
+    )
+    base = (
+        summarize([r["batches_per_s"] for r in results["grain single-process"]])["median"]
+        if "grain single-process" in results
+        else None
+    )
     rows = []
     for name, runs in results.items():
         bps = summarize([r["batches_per_s"] for r in runs])
@@ -68,14 +95,26 @@ def main(argv: list[str] | None = None) -> int:
                 "batches/s": round(bps["median"], 1),
                 "range": f"{bps['min']:.0f}-{bps['max']:.0f}",
                 "vs grain 1p": round(bps["median"] / base, 2) if base else None,
-                "real Mtok/s": round(summarize([r["real_tokens_per_s"] for r in runs])["median"] / 1e6, 2),
-                "padded Mtok/s": round(summarize([r["padded_tokens_per_s"] for r in runs])["median"] / 1e6, 2),
-                "parent CPU": round(summarize([r["parent_cpu_per_wall"] for r in runs])["median"], 2),
-                "children CPU": round(summarize([r["children_cpu_per_wall"] for r in runs])["median"], 2),
+                "real Mtok/s": round(
+                    summarize([r["real_tokens_per_s"] for r in runs])["median"] / 1e6, 2
+                ),
+                "padded Mtok/s": round(
+                    summarize([r["padded_tokens_per_s"] for r in runs])["median"] / 1e6, 2
+                ),
+                "parent CPU": round(
+                    summarize([r["parent_cpu_per_wall"] for r in runs])["median"], 2
+                ),
+                "children CPU": round(
+                    summarize([r["children_cpu_per_wall"] for r in runs])["median"], 2
+                ),
                 "startup s": round(summarize([r["startup_s"] for r in runs])["median"], 2),
             }
         )
-    print_table(rows, list(rows[0]), title=f"LM workload throughput ({args.batches} batches x {args.repeats}, medians)")
+    print_table(
+        rows,
+        list(rows[0]),
+        title=f"LM workload throughput ({args.batches} batches x {args.repeats}, medians)",
+    )
     write_results("lm_throughput", rows, args.results, extra={"args": vars(args)})
     return 0
 

@@ -22,7 +22,9 @@ from benchmarks.workload import SyntheticDocs, pregenerate
 from benchmarks.zephon_lm import zephon_lm_pipeline
 
 
-def zephon_restore(docs: list[str], step: int, workers: int, lanes: int = 8, repeats: int = 3) -> dict[str, Any]:
+def zephon_restore(
+    docs: list[str], step: int, workers: int, lanes: int = 8, repeats: int = 3
+) -> dict[str, Any]:
     with zephon_lm_pipeline(docs, 0, workers, lanes=lanes) as p:
         for _ in range(step):
             next(p)
@@ -101,7 +103,9 @@ def lanes_sweep(docs: list[str], step: int) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-grain", action="store_true")
     ap.add_argument("--results", default="bench_results")
@@ -122,7 +126,9 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(grain_restore(docs, step))
     print_table(rows, list(rows[0]), title="Restore to first batch, against the step")
     sweep = lanes_sweep(docs, steps[-1] if args.quick else 1000)
-    print_table(sweep, list(sweep[0]), title="Checkpoint size and latency against canonical_replicas")
+    print_table(
+        sweep, list(sweep[0]), title="Checkpoint size and latency against canonical_replicas"
+    )
     write_results("restore", rows, args.results, extra={"lanes_sweep": sweep, "args": vars(args)})
     return 0
 

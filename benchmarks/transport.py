@@ -125,7 +125,9 @@ def run_segments(nbytes: int, count: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--results", default="bench_results")
@@ -135,10 +137,12 @@ def main(argv: list[str] | None = None) -> int:
     for label, nbytes in SIZES.items():
         count = 50 if args.quick else max(200, min(4000, (800 << 20) // nbytes))
         cands = {
-            "zephon ring (zero-copy)": lambda: run_ring(nbytes, count, True),
-            "zephon ring (copied out)": lambda: run_ring(nbytes, count, False),
-            "multiprocessing.Queue (pickle)": lambda: run_queue(nbytes, count),
-            "shm segment per array (Grain)": lambda: run_segments(nbytes, max(20, count // 4)),
+            "zephon ring (zero-copy)": lambda n=nbytes, c=count: run_ring(n, c, True),
+            "zephon ring (copied out)": lambda n=nbytes, c=count: run_ring(n, c, False),
+            "multiprocessing.Queue (pickle)": lambda n=nbytes, c=count: run_queue(n, c),
+            "shm segment per array (Grain)": lambda n=nbytes, c=count: run_segments(
+                n, max(20, c // 4)
+            ),
         }
         times: dict[str, list[float]] = {k: [] for k in cands}
         for r in range(repeats):

@@ -45,7 +45,8 @@ class WorkChunk:
     @property
     def pointers(self) -> tuple[SamplePointer, ...]:
         return tuple(
-            SamplePointer(int(c), int(i)) for c, i in zip(self.components, self.indices)
+            SamplePointer(int(c), int(i))
+            for c, i in zip(self.components, self.indices, strict=True)
         )
 
     @property
@@ -54,7 +55,11 @@ class WorkChunk:
 
     @classmethod
     def from_pointers(
-        cls, lane: int, chunk_id: int, pointers: list[SamplePointer] | tuple[SamplePointer, ...], seed: int
+        cls,
+        lane: int,
+        chunk_id: int,
+        pointers: list[SamplePointer] | tuple[SamplePointer, ...],
+        seed: int,
     ) -> WorkChunk:
         comps = np.fromiter((p[0] for p in pointers), dtype=np.int32, count=len(pointers))
         idx = np.fromiter((p[1] for p in pointers), dtype=np.int64, count=len(pointers))

@@ -33,7 +33,9 @@ def _run(pipe: Any, steps: int, desc: str, quiet: bool) -> tuple[list[bytes], fl
     digests, real_tokens = [], 0
     t0 = time.perf_counter()
     startup = 0.0
-    with tqdm(total=steps, desc=desc, unit="batch", disable=quiet, leave=False, file=sys.stderr) as bar:
+    with tqdm(
+        total=steps, desc=desc, unit="batch", disable=quiet, leave=False, file=sys.stderr
+    ) as bar:
         for i in range(steps):
             batch = next(pipe)
             if i == 0:
@@ -52,12 +54,18 @@ def demo(args: argparse.Namespace) -> int:
     def build() -> Any:
         return demo_pipeline(seed=args.seed, lanes=args.lanes, workers=args.workers)
 
-    crash = args.crash_at if args.crash_at is not None else random.Random().randint(1, args.steps - 1)
+    crash = (
+        args.crash_at if args.crash_at is not None else random.Random().randint(1, args.steps - 1)
+    )
     if not 0 < crash < args.steps:
         print(f"--crash-at must be in (0, --steps={args.steps}); got {crash}", file=sys.stderr)
         return 2
-    print(f"zephon demo: {args.steps} batches of a tokenize->split->pack->shuffle->ensure_mixture->batch")
-    print(f"pipeline over the pydoc topics corpus, {args.lanes} lanes, workers={args.workers}; crash at step {crash}")
+    print(
+        f"zephon demo: {args.steps} batches of a tokenize->split->pack->shuffle->ensure_mixture->batch"
+    )
+    print(
+        f"pipeline over the pydoc topics corpus, {args.lanes} lanes, workers={args.workers}; crash at step {crash}"
+    )
     with build() as ref_pipe:
         if args.explain:
             print(ref_pipe.explain())
@@ -77,29 +85,42 @@ def demo(args: argparse.Namespace) -> int:
         first_batch = next(second)
         restore_ms = (time.perf_counter() - t0) * 1e3
         replayed = second.stats()["replayed_chunks"]
-        rest, *_ = _run(second, args.steps - crash - 1, "resumed", args.quiet) if crash < args.steps - 1 else ([],)
+        rest, *_ = (
+            _run(second, args.steps - crash - 1, "resumed", args.quiet)
+            if crash < args.steps - 1
+            else ([],)
+        )
         second.close()
     resumed = head + [_digest(first_batch)] + rest
     same = resumed == ref
-    mismatch = next((i for i, (a, b) in enumerate(zip(ref, resumed)) if a != b), None)
+    mismatch = next((i for i, (a, b) in enumerate(zip(ref, resumed, strict=False)) if a != b), None)
     whole = hashlib.sha256(b"".join(ref)).hexdigest()[:16]
     print()
     steady = args.steps - 1
-    print(f"  uninterrupted run   first batch after {startup_s * 1e3:.0f} ms, then {steady} batches at {steady / ref_s:,.0f} batches/s ({ref_tokens / ref_s / 1e6:.2f} M real tokens/s)")
-    print(f"  checkpoint          at step {crash}: {nbytes:,} bytes on disk ({nbytes / args.lanes:,.0f} per lane), saved in {save_ms:.1f} ms")
-    print(f"  restore             {replayed} in-flight chunks replayed, first batch after {restore_ms:.1f} ms")
-    print(f"  resumed run         steps {crash}..{args.steps - 1} compared with the uninterrupted run")
+    print(
+        f"  uninterrupted run   first batch after {startup_s * 1e3:.0f} ms, then {steady} batches at {steady / ref_s:,.0f} batches/s ({ref_tokens / ref_s / 1e6:.2f} M real tokens/s)"
+    )
+    print(
+        f"  checkpoint          at step {crash}: {nbytes:,} bytes on disk ({nbytes / args.lanes:,.0f} per lane), saved in {save_ms:.1f} ms"
+    )
+    print(
+        f"  restore             {replayed} in-flight chunks replayed, first batch after {restore_ms:.1f} ms"
+    )
+    print(
+        f"  resumed run         steps {crash}..{args.steps - 1} compared with the uninterrupted run"
+    )
     if same:
-        print(f"  PROOF: all {args.steps} batches identical bit for bit (sha256 of the stream {whole})")
+        print(
+            f"  PROOF: all {args.steps} batches identical bit for bit (sha256 of the stream {whole})"
+        )
         return 0
     print(f"  FAILED: batch {mismatch} differs from the uninterrupted run", file=sys.stderr)
     return 1
 
 
 def inspect(args: argparse.Namespace) -> int:
-    from zephon.inspect import describe
-
     import zephon as zp
+    from zephon.inspect import describe
 
     try:
         text = describe(args.path, as_json=args.json)
@@ -114,21 +135,30 @@ def bench(args: argparse.Namespace) -> int:
     try:
         from benchmarks.__main__ import main as bench_main
     except ImportError:
-        print("zephon bench runs the suite in benchmarks/ of a source checkout: "
-              "run it from the repository root (python -m benchmarks)", file=sys.stderr)
+        print(
+            "zephon bench runs the suite in benchmarks/ of a source checkout: "
+            "run it from the repository root (python -m benchmarks)",
+            file=sys.stderr,
+        )
         return 2
     return int(bench_main(args.rest) or 0)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="zephon", description="Zephon: an exactly-resumable data loader for JAX.")
+    parser = argparse.ArgumentParser(
+        prog="zephon", description="Zephon: an exactly-resumable data loader for JAX."
+    )
     sub = parser.add_subparsers(dest="cmd", required=True)
-    d = sub.add_parser("demo", help="crash a pipeline at a random step, resume it, prove the batches are identical")
+    d = sub.add_parser(
+        "demo", help="crash a pipeline at a random step, resume it, prove the batches are identical"
+    )
     d.add_argument("--steps", type=int, default=600)
     d.add_argument("--crash-at", type=int, default=None, help="step to crash at (default: random)")
     d.add_argument("--seed", type=int, default=0, help="data seed")
     d.add_argument("--lanes", type=int, default=4)
-    d.add_argument("--workers", type=int, default=2, help="worker processes (0: run in this process)")
+    d.add_argument(
+        "--workers", type=int, default=2, help="worker processes (0: run in this process)"
+    )
     d.add_argument("--explain", action="store_true", help="print the compiled stages")
     d.add_argument("--quiet", action="store_true", help="no progress bars")
     d.set_defaults(fn=demo)

@@ -71,8 +71,13 @@ class LocalExecutor:
 
     def op_stats(self) -> list[dict[str, Any]]:
         return [
-            {"name": op.name, "records_in": s.records_in, "records_out": s.records_out, "seconds": round(s.seconds, 6)}
-            for op, s in zip(self.runner.ops, self.runner.stats)
+            {
+                "name": op.name,
+                "records_in": s.records_in,
+                "records_out": s.records_out,
+                "seconds": round(s.seconds, 6),
+            }
+            for op, s in zip(self.runner.ops, self.runner.stats, strict=True)
         ]
 
     def extra_stats(self) -> dict[str, Any]:
@@ -112,7 +117,7 @@ class Engine:
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max(prefetch, 1))
         self._thread: threading.Thread | None = None
         self._gen: Iterator[Any] | None = None
-        self._stop = threading.Event()
+        self.stopping = threading.Event()
         self._error: BaseException | None = None
         self._finished = False
         self._handed: list[Any] = []
@@ -155,7 +160,7 @@ class Engine:
             self._put(_Failure(e))
 
     def _put(self, item: Any) -> bool:
-        while not self._stop.is_set():
+        while not self.stopping.is_set():
             try:
                 self._queue.put(item, timeout=_POLL_S)
                 return True
@@ -193,11 +198,21 @@ class Engine:
             raise self._error
         if self._finished:
             raise StopIteration
-        self.start()
+        try:
+            self.start()
+        except BaseException as e:
+            self._error = e
+            raise
         self._release_handed()  # zero-copy views of the previous batch expire now
         while True:
             try:
                 item = self._take()
+            except KeyboardInterrupt as e:
+                # With a pump thread nothing was lost: the caller may go on iterating. Without
+                # one, the interrupt broke the producer generator mid-item: that is final.
+                if self._thread is None:
+                    self._error = e
+                raise
             except BaseException as e:
                 self._error = e
                 raise
@@ -277,7 +292,7 @@ class Engine:
         }
 
     def close(self) -> None:
-        self._stop.set()
+        self.stopping.set()
         self._release_handed()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)

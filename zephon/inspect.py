@@ -6,11 +6,12 @@ import json
 import os
 from typing import Any
 
-
 from zephon.checkpoint.io import load, peek_header
 
 
-def summarize(state: dict[str, Any], file_bytes: int | None = None, header: dict[str, Any] | None = None) -> dict[str, Any]:
+def summarize(
+    state: dict[str, Any], file_bytes: int | None = None, header: dict[str, Any] | None = None
+) -> dict[str, Any]:
     lanes = []
     for ls in state.get("lanes", []):
         inflight = ls.get("inflight", [])
@@ -48,7 +49,9 @@ def summarize(state: dict[str, Any], file_bytes: int | None = None, header: dict
 
 
 def _chunk_ids(ids: list[int]) -> str:
-    return "-" if not ids else (f"{ids[0]}" if len(ids) == 1 else f"{ids[0]}..{ids[-1]} ({len(ids)})")
+    return (
+        "-" if not ids else (f"{ids[0]}" if len(ids) == 1 else f"{ids[0]}..{ids[-1]} ({len(ids)})")
+    )
 
 
 def describe(path: str | os.PathLike[str], *, as_json: bool = False) -> str:
@@ -57,7 +60,9 @@ def describe(path: str | os.PathLike[str], *, as_json: bool = False) -> str:
         header = peek_header(f.read(64))
     info = summarize(state, os.path.getsize(path), header)
     if as_json:
-        return json.dumps(info, indent=2, default=lambda o: o.hex() if isinstance(o, bytes) else str(o))
+        return json.dumps(
+            info, indent=2, default=lambda o: o.hex() if isinstance(o, bytes) else str(o)
+        )
     out = [
         f"{os.fspath(path)}: {info['file_bytes']:,} bytes ({info['uncompressed_bytes']:,} uncompressed), file format v{info['file_format_version']}",
         f"  state {info['state_format']} v{info['state_version']}, fingerprint {str(info['fingerprint'])[:16]}",
@@ -68,7 +73,11 @@ def describe(path: str | os.PathLike[str], *, as_json: bool = False) -> str:
     for ln in info["lanes"]:
         src = ln["work_source"] or {}
         pos = src.get("positions", src) if isinstance(src, dict) else src
-        cursor = "-" if ln["replay_cursor"] is None else "(" + ", ".join(map(str, ln["replay_cursor"])) + ")"
+        cursor = (
+            "-"
+            if ln["replay_cursor"] is None
+            else "(" + ", ".join(map(str, ln["replay_cursor"])) + ")"
+        )
         out.append(
             f"  {ln['lane']:>4}  {_chunk_ids(ln['inflight_chunk_ids']):<20}  {str(ln['epoch_boundaries']):<16}  "
             f"{cursor:<16}  {ln['batches_delivered']:>7}  {pos}{'  (done)' if ln['done'] else ''}"

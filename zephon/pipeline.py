@@ -90,17 +90,29 @@ class Pipeline:
             )
         if output not in _OUTPUTS:
             raise ValueError(f"output must be one of {_OUTPUTS}; got {output!r}")
-        if not isinstance(workers, int) or workers < 0:
+        if not isinstance(workers, int) or isinstance(workers, bool) or workers < 0:
             raise ValueError(f"workers must be an int >= 0; got {workers!r}")
         if not isinstance(prefetch, int) or prefetch < 0:
             raise ValueError(f"prefetch must be an int >= 0; got {prefetch!r}")
-        if not (isinstance(aggregate_timeout_s, (int, float)) and math.isfinite(aggregate_timeout_s) and aggregate_timeout_s > 0):
-            raise ValueError(f"aggregate_timeout_s must be a positive number of seconds; got {aggregate_timeout_s!r}")
+        if not (
+            isinstance(aggregate_timeout_s, (int, float))
+            and math.isfinite(aggregate_timeout_s)
+            and aggregate_timeout_s > 0
+        ):
+            raise ValueError(
+                f"aggregate_timeout_s must be a positive number of seconds; got {aggregate_timeout_s!r}"
+            )
         if aggregate_dir is not None and aggregate_store is not None:
             raise ValueError("give aggregate_dir or aggregate_store, not both")
-        self._topology: Topology = resolve_topology(canonical_replicas, rank, world_size, dp_rank, dp_size)
-        if flush_every_k_chunks is not None and (not isinstance(flush_every_k_chunks, int) or flush_every_k_chunks < 0):
-            raise ValueError(f"flush_every_k_chunks must be None or an int >= 0; got {flush_every_k_chunks!r}")
+        self._topology: Topology = resolve_topology(
+            canonical_replicas, rank, world_size, dp_rank, dp_size
+        )
+        if flush_every_k_chunks is not None and (
+            not isinstance(flush_every_k_chunks, int) or flush_every_k_chunks < 0
+        ):
+            raise ValueError(
+                f"flush_every_k_chunks must be None or an int >= 0; got {flush_every_k_chunks!r}"
+            )
         self.source = source
         self.canonical_replicas = canonical_replicas
         self.flush_every_k_chunks = flush_every_k_chunks
@@ -114,7 +126,9 @@ class Pipeline:
         if not isinstance(ring_slot_bytes, int) or ring_slot_bytes < 4096:
             raise ValueError(f"ring_slot_bytes must be an int >= 4096; got {ring_slot_bytes!r}")
         if not (isinstance(worker_timeout_s, (int, float)) and worker_timeout_s > 0):
-            raise ValueError(f"worker_timeout_s must be a positive number; got {worker_timeout_s!r}")
+            raise ValueError(
+                f"worker_timeout_s must be a positive number; got {worker_timeout_s!r}"
+            )
         if worker_start_method not in ("spawn", "forkserver", "fork"):
             raise ValueError(
                 f"worker_start_method must be 'spawn', 'forkserver' or 'fork'; got {worker_start_method!r}"
@@ -161,7 +175,9 @@ class Pipeline:
         """Cut each sample into pieces of at most ``max_len`` (child i of n, last flagged)."""
         return self.apply(Split(max_len, feature))
 
-    def pack(self, seq_len: int, num_bins: int = 8, features: Sequence[str] = ("tokens",)) -> Pipeline:
+    def pack(
+        self, seq_len: int, num_bins: int = 8, features: Sequence[str] = ("tokens",)
+    ) -> Pipeline:
         """First-fit pack pieces into ``num_bins`` open bins of ``seq_len``; emits
         ``f``, ``f_segment_ids``, ``f_positions`` per feature, padded with 0."""
         return self.apply(Pack(seq_len, num_bins, features))
@@ -170,7 +186,9 @@ class Pipeline:
         """Per-lane buffer shuffle, re-seeded every epoch from (seed, lane, epoch start)."""
         return self.apply(Shuffle(buffer_size, seed))
 
-    def ensure_mixture(self, weights: Sequence[float] | None = None, buffer_size: int = 16) -> Pipeline:
+    def ensure_mixture(
+        self, weights: Sequence[float] | None = None, buffer_size: int = 16
+    ) -> Pipeline:
         """Reorder so each component's token share tracks ``weights`` (default: the work
         source's)."""
         return self.apply(EnsureMixture(weights, buffer_size))
@@ -215,7 +233,11 @@ class Pipeline:
     def fingerprint(self) -> str:
         """A hash of the pipeline definition that a checkpoint must match to be restored."""
         plan = self._compiled()
-        config = self.source.config() if callable(getattr(self.source, "config", None)) else repr(type(self.source))
+        config = (
+            self.source.config()
+            if callable(getattr(self.source, "config", None))
+            else repr(type(self.source))
+        )
         desc = {
             "source": config,
             "canonical_replicas": self.canonical_replicas,
@@ -293,7 +315,10 @@ class Pipeline:
             },
             **engine.state(),
         }
-        state["round_robin"] = {"dp_size": topo.dp_size, "next_lanes": {str(topo.dp_rank): state.pop("next_lane")}}
+        state["round_robin"] = {
+            "dp_size": topo.dp_size,
+            "next_lanes": {str(topo.dp_rank): state.pop("next_lane")},
+        }
         if self._aggregated():
             state = self._aggregator().round(state)
         self._last_checkpoint_bytes = len(msgpack.packb(state, use_bin_type=True))
@@ -333,7 +358,9 @@ class Pipeline:
         if not isinstance(state, dict):
             raise CheckpointError(f"checkpoint state must be a dict; got {type(state).__name__}")
         if state.get("format") != FORMAT:
-            raise CheckpointError(f"not a Zephon pipeline checkpoint (format={state.get('format')!r})")
+            raise CheckpointError(
+                f"not a Zephon pipeline checkpoint (format={state.get('format')!r})"
+            )
         if state.get("version") != FORMAT_VERSION:
             raise CheckpointError(
                 f"checkpoint format version {state.get('version')!r} is not supported by this "

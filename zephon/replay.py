@@ -50,7 +50,11 @@ class ReplayFilter(Operator):
     def on_sentinel(self, sentinel: FlushSentinel) -> None:
         target = self._targets.get(sentinel.lane)
         if target is not None and (sentinel.final or sentinel.boundary > target.chunk_id):
-            why = "the lane ended" if sentinel.final else f"its epoch closed at chunk {sentinel.boundary}"
+            why = (
+                "the lane ended"
+                if sentinel.final
+                else f"its epoch closed at chunk {sentinel.boundary}"
+            )
             self._lost(target, why)
 
     def _lost(self, target: SampleCursor, why: str) -> None:

@@ -21,7 +21,9 @@ Build = Callable[[], Pipeline]
 
 def take(pipe: Pipeline, n: int | None = None) -> list[Any]:
     """Up to ``n`` batches (all remaining when ``n`` is None)."""
-    out = []
+    out: list[Any] = []
+    if n is not None and n <= 0:
+        return out
     for batch in pipe:
         out.append(batch)
         if n is not None and len(out) >= n:
@@ -44,7 +46,7 @@ def assert_same_batches(expected: Sequence[Any], got: Sequence[Any], context: st
     where = f" ({context})" if context else ""
     if len(expected) != len(got):
         raise AssertionError(f"expected {len(expected)} batches, got {len(got)}{where}")
-    for i, (a, b) in enumerate(zip(expected, got)):
+    for i, (a, b) in enumerate(zip(expected, got, strict=True)):
         if not batches_equal(a, b):
             raise AssertionError(f"batch {i} differs{where}")
 
@@ -90,13 +92,17 @@ def assert_resumes_exactly(
             second.restore(state)
             again = roundtrip(second.checkpoint())
             if again != state:
-                raise AssertionError(f"checkpoint right after restore differs from the restored state (cut {cut})")
+                raise AssertionError(
+                    f"checkpoint right after restore differs from the restored state (cut {cut})"
+                )
             tail = take(second, total - cut)
             assert_same_batches(reference[cut:], tail, f"after restoring at step {cut}")
     return list(reference)
 
 
-def assert_resumes_through_breaks(build: Build, breaks: Sequence[int], *, limit: int | None = None) -> None:
+def assert_resumes_through_breaks(
+    build: Build, breaks: Sequence[int], *, limit: int | None = None
+) -> None:
     """Stop and resume at several steps in one run; the concatenation equals the reference."""
     with build() as ref_pipe:
         reference = take(ref_pipe, limit)

@@ -10,7 +10,9 @@ import zephon as zp
 def docs(n: int, seed: int, lo: int = 5, hi: int = 300, alphabet: str = "abcdefgh ") -> list[str]:
     rng = np.random.default_rng(seed)
     letters = np.array(list(alphabet))
-    return ["".join(letters[rng.integers(0, len(letters), int(k))]) for k in rng.integers(lo, hi, n)]
+    return [
+        "".join(letters[rng.integers(0, len(letters), int(k))]) for k in rng.integers(lo, hi, n)
+    ]
 
 
 def lm_pipeline(
@@ -30,14 +32,24 @@ def lm_pipeline(
     """tokenize -> split -> pack -> shuffle -> ensure_mixture -> batch over two components
     whose documents differ in length."""
     src = zp.StaticMixtureWorkSource(
-        datasets={"long": zp.ArraySource(docs(n_docs, seed, 20, 200)), "short": zp.ArraySource(docs(n_docs, seed + 1, 3, 40))},
+        datasets={
+            "long": zp.ArraySource(docs(n_docs, seed, 20, 200)),
+            "short": zp.ArraySource(docs(n_docs, seed + 1, 3, 40)),
+        },
         weights={"long": 0.6, "short": 0.4},
         seed=seed,
         chunk_size=chunk_size,
         num_epochs=num_epochs,
     )
     return (
-        zp.Pipeline(src, canonical_replicas=lanes, flush_every_k_chunks=k, prefetch=prefetch, output=output, **kw)
+        zp.Pipeline(
+            src,
+            canonical_replicas=lanes,
+            flush_every_k_chunks=k,
+            prefetch=prefetch,
+            output=output,
+            **kw,
+        )
         .fetch()
         .tokenize(zp.ByteTokenizer())
         .split(max_len=seq_len)

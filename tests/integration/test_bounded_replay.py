@@ -13,7 +13,16 @@ LANES = 2
 
 
 def build():
-    return lm_pipeline(seed=11, lanes=LANES, k=K, chunk_size=8, num_epochs=None, n_docs=50, seq_len=128, batch_size=2)
+    return lm_pipeline(
+        seed=11,
+        lanes=LANES,
+        k=K,
+        chunk_size=8,
+        num_epochs=None,
+        n_docs=50,
+        seq_len=128,
+        batch_size=2,
+    )
 
 
 @pytest.mark.slow

@@ -66,7 +66,9 @@ def test_infinite_stream_resumes():
 
 def test_monotone_pipeline_resumes_with_filter_and_split():
     def build():
-        src = zp.StaticMixtureWorkSource([zp.ArraySource(list(range(200)))], seed=1, chunk_size=6, num_epochs=1)
+        src = zp.StaticMixtureWorkSource(
+            [zp.ArraySource(list(range(200)))], seed=1, chunk_size=6, num_epochs=1
+        )
         return (
             zp.Pipeline(src, canonical_replicas=3)
             .fetch()

@@ -48,7 +48,9 @@ def chains(draw):
     return {
         "middle_before": middle,
         "pack": draw(st.booleans()),
-        "middle_after": draw(st.lists(st.sampled_from(["shuffle", "ensure_mixture", "filter"]), max_size=2)),
+        "middle_after": draw(
+            st.lists(st.sampled_from(["shuffle", "ensure_mixture", "filter"]), max_size=2)
+        ),
         "lanes": draw(st.sampled_from([1, 2, 3])),
         "k": draw(st.sampled_from([1, 2, 3])),
         "chunk": draw(st.sampled_from([1, 3, 8])),
@@ -60,13 +62,22 @@ def chains(draw):
 
 def build_from(spec):
     src = zp.StaticMixtureWorkSource(
-        [zp.ArraySource(docs(24, spec["seed"], 3, 70)), zp.ArraySource(docs(24, spec["seed"] + 1, 3, 20))],
+        [
+            zp.ArraySource(docs(24, spec["seed"], 3, 70)),
+            zp.ArraySource(docs(24, spec["seed"] + 1, 3, 20)),
+        ],
         weights=[0.5, 0.5],
         seed=spec["seed"],
         chunk_size=spec["chunk"],
         num_epochs=1,
     )
-    p = zp.Pipeline(src, canonical_replicas=spec["lanes"], flush_every_k_chunks=spec["k"], output=spec["output"], prefetch=1)
+    p = zp.Pipeline(
+        src,
+        canonical_replicas=spec["lanes"],
+        flush_every_k_chunks=spec["k"],
+        output=spec["output"],
+        prefetch=1,
+    )
     p = p.fetch().tokenize(zp.ByteTokenizer()).split(max_len=SEQ)
     for name in spec["middle_before"]:
         p = MIDDLE[name](p)

@@ -41,7 +41,9 @@ def test_target_missing_when_its_epoch_closes():
     f = ReplayFilter("x", monotone=False)
     f.set_target(0, SampleCursor(0, 2, 1, 0))
     f.on_sentinel(FlushSentinel(0, 2))  # an earlier epoch closing is fine
-    with pytest.raises(CheckpointError, match=r"replay target \(0, 2, 1, 0\) of lane 0 never reappeared"):
+    with pytest.raises(
+        CheckpointError, match=r"replay target \(0, 2, 1, 0\) of lane 0 never reappeared"
+    ):
         f.on_sentinel(FlushSentinel(0, 4))
 
 

@@ -17,7 +17,13 @@ class ListSource:
         self.lane, self.size, self.next_id = lane, size, 0
 
     def next_chunk(self) -> WorkChunk:
-        c = WorkChunk(self.lane, self.next_id, np.zeros(self.size, np.int32), np.arange(self.size, dtype=np.int64), 0)
+        c = WorkChunk(
+            self.lane,
+            self.next_id,
+            np.zeros(self.size, np.int32),
+            np.arange(self.size, dtype=np.int64),
+            0,
+        )
         self.next_id += 1
         return c
 
@@ -72,7 +78,11 @@ def test_chunks_5_6_7_incomplete_chunk_blocks_its_epoch():
 def test_epochs_evict_atomically_and_bottom_up():
     t = tracker(k=2)
     items = pull_chunks(t, 6)  # epochs [0,1] [2,3] [4,5]
-    assert [getattr(i, "boundary", None) for i in items if isinstance(i, FlushSentinel)] == [2, 4, 6]
+    assert [getattr(i, "boundary", None) for i in items if isinstance(i, FlushSentinel)] == [
+        2,
+        4,
+        6,
+    ]
     close_chunk(t, 0)
     assert 0 in t.inflight, "chunk 0 alone must not evict: its epoch shares accumulator history"
     close_chunk(t, 2)

@@ -16,12 +16,20 @@ def topic_texts() -> list[str]:
 
 
 def paragraphs(min_chars: int = 40) -> list[str]:
-    return [p.strip() for k in sorted(topics) for p in topics[k].split("\n\n") if len(p.strip()) >= min_chars]
+    return [
+        p.strip()
+        for k in sorted(topics)
+        for p in topics[k].split("\n\n")
+        if len(p.strip()) >= min_chars
+    ]
 
 
 def demo_source(seed: int = 0, chunk_size: int = 32) -> zp.StaticMixtureWorkSource:
     return zp.StaticMixtureWorkSource(
-        datasets={"topics": zp.ArraySource(topic_texts()), "paragraphs": zp.ArraySource(paragraphs())},
+        datasets={
+            "topics": zp.ArraySource(topic_texts()),
+            "paragraphs": zp.ArraySource(paragraphs()),
+        },
         weights={"topics": 0.3, "paragraphs": 0.7},
         seed=seed,
         chunk_size=chunk_size,
@@ -39,7 +47,12 @@ def demo_pipeline(
 ) -> zp.Pipeline:
     """tokenize -> split -> pack -> shuffle -> ensure_mixture -> batch."""
     return (
-        zp.Pipeline(demo_source(seed), canonical_replicas=lanes, flush_every_k_chunks=flush_every_k_chunks, workers=workers)
+        zp.Pipeline(
+            demo_source(seed),
+            canonical_replicas=lanes,
+            flush_every_k_chunks=flush_every_k_chunks,
+            workers=workers,
+        )
         .fetch()
         .tokenize(zp.ByteTokenizer())
         .split(max_len=seq_len)

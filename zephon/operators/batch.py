@@ -19,7 +19,9 @@ from zephon.records import BatchRecord, Record, Tombstone
 Allocator = Callable[[int, dict[str, tuple[tuple[int, ...], np.dtype]]], dict[str, np.ndarray]]
 
 
-def _default_allocate(lane: int, spec: dict[str, tuple[tuple[int, ...], np.dtype]]) -> dict[str, np.ndarray]:
+def _default_allocate(
+    lane: int, spec: dict[str, tuple[tuple[int, ...], np.dtype]]
+) -> dict[str, np.ndarray]:
     return {k: np.empty(shape, dtype) for k, (shape, dtype) in spec.items()}
 
 
@@ -53,17 +55,22 @@ class Batch(LaneStateOperator):
             spec = {}
             for k, v in first.items():
                 a = np.asarray(v)
-                spec[k] = ((n, *a.shape), a.dtype)
+                try:
+                    rows = [np.asarray(r.data[k]) for r in records]
+                except KeyError:
+                    raise KeyError(
+                        f"batch: a record lacks feature {k!r} that the first one has"
+                    ) from None
+                if any(x.shape != a.shape for x in rows):
+                    raise ValueError(
+                        f"batch: feature {k!r} cannot be stacked (shapes {[x.shape for x in rows]}); "
+                        "pad or pack records to one shape before batch"
+                    )
+                # the widest dtype of the rows: never narrow a later record silently
+                spec[k] = ((n, *a.shape), np.result_type(*rows))
             out = self.allocate(records[0].lane, spec)
             for k in spec:
-                try:
-                    np.stack([r.data[k] for r in records], out=out[k])
-                except (ValueError, KeyError) as e:
-                    shapes = [np.shape(r.data.get(k)) for r in records]
-                    raise ValueError(
-                        f"batch: feature {k!r} cannot be stacked (shapes {shapes}); "
-                        "pad or pack records to one shape before batch"
-                    ) from e
+                np.stack([r.data[k] for r in records], out=out[k])
             data: Any = out
         else:
             arrays = [np.asarray(r.data) for r in records]

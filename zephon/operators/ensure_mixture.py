@@ -32,12 +32,18 @@ class EnsureMixture(LaneStateOperator):
     traits = OpTraits(preserves_cursor_order=False, stateful=True)
     name = "ensure_mixture"
 
-    def __init__(self, weights: Sequence[float] | Mapping[str, float] | None = None, buffer_size: int = 16) -> None:
+    def __init__(
+        self, weights: Sequence[float] | Mapping[str, float] | None = None, buffer_size: int = 16
+    ) -> None:
         super().__init__()
         if not isinstance(buffer_size, int) or buffer_size < 1:
-            raise ValueError(f"ensure_mixture(buffer_size=...) must be a positive int; got {buffer_size!r}")
+            raise ValueError(
+                f"ensure_mixture(buffer_size=...) must be a positive int; got {buffer_size!r}"
+            )
         if weights is None or isinstance(weights, Mapping):
-            self.weights: Any = None if weights is None else {str(k): float(v) for k, v in weights.items()}
+            self.weights: Any = (
+                None if weights is None else {str(k): float(v) for k, v in weights.items()}
+            )
         else:
             self.weights = tuple(float(w) for w in weights)
         self.buffer_size = buffer_size

@@ -51,7 +51,7 @@ class Fetch(Operator):
         out: list[Any] = [None] * len(records)
         for comp, positions in by_component.items():
             samples = read_many(self._datasets[comp], [records[p].data[1] for p in positions])
-            for p, sample in zip(positions, samples):
+            for p, sample in zip(positions, samples, strict=True):
                 out[p] = records[p].replace(sample)
         return out
 

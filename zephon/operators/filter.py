@@ -16,7 +16,9 @@ class Filter(Operator):
 
     def __init__(self, pred: Callable[[Any], bool], parallelism: int = 1) -> None:
         if not callable(pred):
-            raise TypeError(f"filter needs a callable predicate; got {type(pred).__name__} {pred!r}")
+            raise TypeError(
+                f"filter needs a callable predicate; got {type(pred).__name__} {pred!r}"
+            )
         self.pred = pred
         self.parallelism = parallelism
 

@@ -34,4 +34,6 @@ class Map(Operator):
         return f"Map({describe_callable(self.fn)})"
 
     def __repr__(self) -> str:
-        return f"Map(fn={getattr(self.fn, '__qualname__', self.fn)!s}, parallelism={self.parallelism})"
+        return (
+            f"Map(fn={getattr(self.fn, '__qualname__', self.fn)!s}, parallelism={self.parallelism})"
+        )

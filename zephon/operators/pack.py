@@ -28,14 +28,18 @@ class Pack(LaneStateOperator):
     traits = OpTraits(preserves_cursor_order=False, stateful=True)
     name = "pack"
 
-    def __init__(self, seq_len: int, num_bins: int = 8, features: Sequence[str] = ("tokens",)) -> None:
+    def __init__(
+        self, seq_len: int, num_bins: int = 8, features: Sequence[str] = ("tokens",)
+    ) -> None:
         super().__init__()
         if not isinstance(seq_len, int) or seq_len < 1:
             raise ValueError(f"pack(seq_len=...) must be a positive int; got {seq_len!r}")
         if not isinstance(num_bins, int) or num_bins < 1:
             raise ValueError(f"pack(num_bins=...) must be a positive int; got {num_bins!r}")
         if isinstance(features, str) or not features:
-            raise ValueError(f"pack(features=...) must be a non-empty list of names; got {features!r}")
+            raise ValueError(
+                f"pack(features=...) must be a non-empty list of names; got {features!r}"
+            )
         self.seq_len = seq_len
         self.num_bins = num_bins
         self.features = tuple(features)
@@ -53,7 +57,9 @@ class Pack(LaneStateOperator):
                 ) from None
         n = lengths[0]
         if any(m != n for m in lengths):
-            raise ValueError(f"pack: features {self.features} differ in length {lengths} in one record")
+            raise ValueError(
+                f"pack: features {self.features} differ in length {lengths} in one record"
+            )
         if n > self.seq_len:
             raise ValueError(
                 f"pack: a piece of {n} tokens is longer than seq_len={self.seq_len}; "
@@ -85,11 +91,15 @@ class Pack(LaneStateOperator):
         bins.fill[i] = 0
         first = pieces[0]
         data = {}
-        lengths = np.fromiter((len(p.data[self.features[0]]) for p in pieces), dtype=np.int64, count=len(pieces))
+        lengths = np.fromiter(
+            (len(p.data[self.features[0]]) for p in pieces), dtype=np.int64, count=len(pieces)
+        )
         total = int(lengths.sum())
         starts = np.cumsum(lengths) - lengths
         seg = np.zeros(self.seq_len, dtype=np.int32)
-        seg[:total] = np.repeat(np.arange(1, len(pieces) + 1, dtype=np.int32), lengths)
+        seg[:total] = np.repeat(
+            np.cumsum(lengths > 0, dtype=np.int32), lengths
+        )  # empty pieces take no id
         pos = np.zeros(self.seq_len, dtype=np.int32)
         pos[:total] = np.arange(total, dtype=np.int32) - np.repeat(starts, lengths).astype(np.int32)
         for f in self.features:

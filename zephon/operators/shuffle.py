@@ -31,7 +31,9 @@ class Shuffle(LaneStateOperator):
     def __init__(self, buffer_size: int, seed: int | None = None) -> None:
         super().__init__()
         if not isinstance(buffer_size, int) or buffer_size < 1:
-            raise ValueError(f"shuffle(buffer_size=...) must be a positive int; got {buffer_size!r}")
+            raise ValueError(
+                f"shuffle(buffer_size=...) must be a positive int; got {buffer_size!r}"
+            )
         self.buffer_size = buffer_size
         self.seed = seed
         self._seed = 0 if seed is None else seed

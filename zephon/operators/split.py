@@ -42,7 +42,9 @@ class Split(Operator):
         chunk_id, offset, _, _ = record.contributors[0]
         ((component, _),) = record.mix.items()
         # Other features of the same length are cut along; the rest are copied to each piece.
-        aligned = [k for k, v in data.items() if isinstance(v, np.ndarray) and v.ndim >= 1 and len(v) == n]
+        aligned = [
+            k for k, v in data.items() if isinstance(v, np.ndarray) and v.ndim >= 1 and len(v) == n
+        ]
         starts = range(0, n, self.max_len)
         last = len(starts) - 1
         out: list[Output] = []

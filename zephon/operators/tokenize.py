@@ -17,6 +17,11 @@ class Tokenize(Operator):
     name = "tokenize"
 
     def __init__(self, tokenizer: Any, field: str | None = None, parallelism: int = 1) -> None:
+        if isinstance(tokenizer, (str, bytes)):
+            raise TypeError(
+                f"tokenize needs a tokenizer object, not the name {tokenizer!r}; load one, e.g. "
+                "zp.ByteTokenizer() or HFTokenizer('path/to/tokenizer.json')"
+            )
         if not callable(getattr(tokenizer, "encode", None)):
             raise TypeError(
                 f"tokenize needs an object with encode(text); got {type(tokenizer).__name__}"
@@ -45,7 +50,9 @@ class Tokenize(Operator):
     def _emit(self, record: Record, ids: Any) -> Record:
         tokens = np.asarray(ids, dtype=np.int32)
         ((component, _),) = record.mix.items()
-        return Record({"tokens": tokens}, record.lane, record.contributors, {component: len(tokens)})
+        return Record(
+            {"tokens": tokens}, record.lane, record.contributors, {component: len(tokens)}
+        )
 
     def process(self, record: Record) -> Iterable[Output]:
         return (self._emit(record, self.tokenizer.encode(self._text(record.data))),)
@@ -56,7 +63,7 @@ class Tokenize(Operator):
             encoded = self._encode_batch(texts)
         else:
             encoded = [self.tokenizer.encode(t) for t in texts]
-        return [self._emit(r, ids) for r, ids in zip(records, encoded)]
+        return [self._emit(r, ids) for r, ids in zip(records, encoded, strict=True)]
 
     def fresh(self) -> Operator:
         return self

@@ -29,7 +29,9 @@ class LaneOutput:
 
     __slots__ = ("lane", "record", "tombstones", "end", "lease")
 
-    def __init__(self, lane: int, record: Record | None, tombstones: list[Contributor], end: bool = False) -> None:
+    def __init__(
+        self, lane: int, record: Record | None, tombstones: list[Contributor], end: bool = False
+    ) -> None:
         self.lane = lane
         self.record = record
         self.tombstones = tombstones
@@ -47,7 +49,7 @@ def expand(chunk: WorkChunk) -> list[Record]:
     idx = chunk.indices.tolist()
     return [
         Record(SamplePointer(c, i), lane, [Contributor(cid, off, 0, True)], {c: 1})
-        for off, (c, i) in enumerate(zip(comps, idx))
+        for off, (c, i) in enumerate(zip(comps, idx, strict=True))
     ]
 
 
@@ -88,7 +90,7 @@ class ChainRunner:
 
     def _push(self, items: list[Any]) -> list[Any]:
         out: list[Any] = []
-        for op, st in zip(self.ops, self.stats):
+        for op, st in zip(self.ops, self.stats, strict=True):
             t0 = time.perf_counter()
             n_in = 0
             nxt: list[Any] = []

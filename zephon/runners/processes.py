@@ -13,15 +13,21 @@ round-robin restricted to the worker's lanes, or every lane per step in lockstep
 parent reads each ring first-in first-out and zero-copy views need no parking.
 
 Faults: a worker that dies, exits, hangs or raises becomes a :class:`WorkerError` in the
-parent's ``next()`` within seconds; workers die with the parent (``PR_SET_PDEATHSIG`` plus
-control-pipe EOF), ignore SIGINT (the parent handles Ctrl-C), and the parent unlinks every
-ring on ``close()``; a sweeper removes rings of dead parents.
+parent's ``next()`` within seconds (a raised builtin exception keeps its type: the parent
+raises a class that is both, e.g. ``ValueError`` and ``WorkerError``). Workers die with the
+parent: ``PR_SET_PDEATHSIG`` fires when the *thread* that forked a child ends, so the
+workers are started from a keeper thread that lives until ``close()``, and control-pipe EOF
+stops a worker waiting for work. Workers ignore SIGINT (the parent handles Ctrl-C). The
+parent unlinks every ring on ``close()``, at interpreter exit, or when the pipeline is
+collected; a sweeper removes rings of dead parents.
 """
 
 from __future__ import annotations
 
+import atexit
 import builtins
 import ctypes
+import math
 import os
 import signal
 import sys
@@ -31,12 +37,13 @@ import traceback
 from collections import deque
 from collections.abc import Callable
 from typing import Any
+from weakref import WeakSet
 
 import msgpack
 import numpy as np
 
 from zephon.chunks import WorkChunk
-from zephon.errors import WorkerError
+from zephon.errors import ShmError, WorkerError
 from zephon.operators.batch import Batch
 from zephon.records import BatchRecord, Contributor, FlushSentinel, Record, SampleCursor
 from zephon.replay import ReplayFilter
@@ -45,6 +52,8 @@ from zephon.runners.chain import ChainRunner, LaneOutput
 LOOKAHEAD_FEEDS = 2  # feed units a worker keeps requested per lane, to hide the round trip
 DEFAULT_SLOT_BYTES = 4 << 20
 _POLL_S = 0.05
+_STOP_GRACE_S = 0.5  # close(): how long workers get to exit on their own before SIGKILL
+_REPORT_CHARS = 16_000  # cap on an error's message and traceback sent over the pipe
 
 
 # --------------------------------------------------------------------------- encoding
@@ -59,7 +68,10 @@ def encode_feed(items: list[Any]) -> list[Any]:
 
 
 def decode_feed(items: list[Any]) -> list[Any]:
-    return [WorkChunk.from_state(it["c"]) if "c" in it else FlushSentinel(it["l"], it["s"], it["f"]) for it in items]
+    return [
+        WorkChunk.from_state(it["c"]) if "c" in it else FlushSentinel(it["l"], it["s"], it["f"])
+        for it in items
+    ]
 
 
 def _flat(contributors: list[Contributor]) -> list[int]:
@@ -67,7 +79,10 @@ def _flat(contributors: list[Contributor]) -> list[int]:
 
 
 def _unflat(flat: list[int]) -> list[Contributor]:
-    return [Contributor(flat[i], flat[i + 1], flat[i + 2], bool(flat[i + 3])) for i in range(0, len(flat), 4)]
+    return [
+        Contributor(flat[i], flat[i + 1], flat[i + 2], bool(flat[i + 3]))
+        for i in range(0, len(flat), 4)
+    ]
 
 
 def _pack(obj: Any) -> bytes:
@@ -79,12 +94,31 @@ def _unpack(raw: bytes | memoryview) -> Any:
 
 
 # ------------------------------------------------------------------------ worker side
-def _die_with_parent() -> None:
+class _Stop(Exception):
+    """The parent said stop: the one clean way for a worker to end."""
+
+
+class _ParentGone(Exception):
+    """The control pipe broke: the parent closed it or died."""
+
+
+def _die_with_parent(parent_pid: int) -> None:
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
     except OSError:
         pass  # not Linux: the control pipe's EOF still stops us
+    if parent_pid and os.getppid() != parent_pid:
+        os._exit(0)  # the parent died before the prctl took effect
+
+
+def _slot_too_small(what: str, need: int, slot_bytes: int) -> ValueError:
+    suggest = 1 << (need + (64 << 10) - 1).bit_length()
+    return ValueError(
+        f"{what} needs {need} bytes but a shared-memory ring slot holds {slot_bytes} bytes; "
+        f"build the pipeline with Pipeline(..., ring_slot_bytes={suggest}) (at least {need}), "
+        "or make batches smaller"
+    )
 
 
 class _Worker:
@@ -118,17 +152,25 @@ class _Worker:
         if self.batch_op is not None:
             self.batch_op.allocate = self._allocate
         self._slot: Any = None
+        self._slot_arrays: list[np.ndarray] = []
 
     # feed units, requested ahead
     def _ask(self, lane: int) -> None:
         while lane not in self.ended and self.asked[lane] < LOOKAHEAD_FEEDS:
-            self.conn.send_bytes(_pack({"t": "need", "lane": lane}))
+            try:
+                self.conn.send_bytes(_pack({"t": "need", "lane": lane}))
+            except OSError as e:
+                raise _ParentGone from e
             self.asked[lane] += 1
 
     def _receive(self) -> None:
-        msg = _unpack(self.conn.recv_bytes())
+        try:
+            raw = self.conn.recv_bytes()
+        except (EOFError, OSError) as e:
+            raise _ParentGone from e
+        msg = _unpack(raw)
         if msg["t"] == "stop":
-            raise SystemExit(0)
+            raise _Stop
         lane = msg["lane"]
         self.asked[lane] -= 1
         if msg["items"]:
@@ -149,19 +191,55 @@ class _Worker:
         return outs.popleft()
 
     # outputs, written straight into ring slots
-    def _allocate(self, lane: int, spec: dict[str, tuple[tuple[int, ...], np.dtype]]) -> dict[str, np.ndarray]:
-        self._slot = self.ring.reserve(timeout_s=None)
-        return {k: self._slot.array(shape, dtype) for k, (shape, dtype) in spec.items()}
+    def _allocate(
+        self, lane: int, spec: dict[str, tuple[tuple[int, ...], np.dtype]]
+    ) -> dict[str, np.ndarray]:
+        from zephon.shm import plan_layout
 
-    def _commit(self, meta: dict[str, Any]) -> None:
+        sizes = [math.prod(shape) * np.dtype(dtype).itemsize for shape, dtype in spec.values()]
+        end = max((o + n for o, n in zip(plan_layout(sizes), sizes, strict=True)), default=0)
+        if end > self.ring.slot_bytes:
+            shapes = ", ".join(f"{k}: {np.dtype(d).name}{list(s)}" for k, (s, d) in spec.items())
+            raise _slot_too_small(f"a batch of lane {lane} ({shapes})", end, self.ring.slot_bytes)
+        self._slot = self.ring.reserve(timeout_s=None)
+        arrays = {k: self._slot.array(shape, dtype) for k, (shape, dtype) in spec.items()}
+        self._slot_arrays = list(arrays.values())
+        return arrays
+
+    def _commit(self, meta: dict[str, Any], data: Any = None) -> None:
+        """Publishes ``meta``: into the slot ``batch`` filled, or with ``data`` (a batch
+        stacked without ``allocate``, i.e. not a dict) copied into a new one."""
+        from zephon.shm import message_nbytes
+
         if self.messages % 64 == 0:
             meta["stats"] = [[s.records_in, s.records_out, s.seconds] for s in self.runner.stats]
         self.messages += 1
+        packed = _pack(meta)
         slot, self._slot = self._slot, None
         if slot is None:
-            self.ring.put(_pack(meta), ())
-        else:
-            slot.commit(_pack(meta))
+            self._put(
+                packed,
+                [data] if isinstance(data, np.ndarray) else [],
+                f"a batch of lane {meta['lane']}",
+            )
+            return
+        need = message_nbytes(len(packed), self._slot_arrays)
+        if need > slot.capacity:
+            slot.abort()
+            raise _slot_too_small(
+                f"a batch of lane {meta['lane']} with its metadata ({len(packed)} B)",
+                need,
+                slot.capacity,
+            )
+        slot.commit(packed)
+
+    def _put(self, packed: bytes, arrays: list[np.ndarray], what: str) -> None:
+        from zephon.shm import message_nbytes
+
+        need = message_nbytes(len(packed), arrays)
+        if need > self.ring.slot_bytes:
+            raise _slot_too_small(what, need, self.ring.slot_bytes)
+        self.ring.put(packed, arrays)
 
     def _emit_batch(self, lane: int) -> bool:
         """Writes the lane's next output; False once the lane has ended."""
@@ -174,7 +252,7 @@ class _Worker:
                 produced = list(self.batch_op.flush(True, lane))
                 for item in produced:
                     if isinstance(item, BatchRecord):
-                        self._commit(self._batch_meta(item, tombs))
+                        self._commit(self._batch_meta(item, tombs), item.data)
                         tombs = []
                     else:
                         tombs.extend(item.contributors)
@@ -191,7 +269,7 @@ class _Worker:
             if produced:
                 (batch,) = produced
                 assert isinstance(batch, BatchRecord)
-                self._commit(self._batch_meta(batch, tombs))
+                self._commit(self._batch_meta(batch, tombs), batch.data)
                 return True
 
     def _batch_meta(self, batch: BatchRecord, tombs: list[Contributor]) -> dict[str, Any]:
@@ -231,7 +309,7 @@ class _Worker:
             "mix": [[int(c), int(w)] for c, w in rec.mix.items()],
         }
         self.messages += 1
-        self.ring.put(_pack(meta), arrays)
+        self._put(_pack(meta), arrays, f"a record of lane {lane}")
         return True
 
     def run(self) -> None:
@@ -255,36 +333,74 @@ class _Worker:
             self._receive()
 
 
-def worker_main(worker_id: int, payload: bytes, conn: Any, ring_name: str) -> None:
-    """Entry point of a worker process."""
+def _clip(text: str) -> str:
+    if len(text) <= _REPORT_CHARS:
+        return text
+    half = _REPORT_CHARS // 2
+    return f"{text[:half]}\n[... {len(text) - _REPORT_CHARS} characters cut ...]\n{text[-half:]}"
+
+
+def _exit_code(e: SystemExit) -> int:
+    """The status ``sys.exit(e.code)`` gives: None is 0, an int itself, anything else 1."""
+    if e.code is None:
+        return 0
+    if isinstance(e.code, int):
+        return e.code
+    return 1
+
+
+def _report(conn: Any, e: BaseException, **extra: Any) -> None:
+    try:
+        conn.send_bytes(
+            _pack(
+                {
+                    "t": "error",
+                    "type": type(e).__name__,
+                    "module": type(e).__module__,
+                    "message": _clip(str(e)),
+                    "traceback": _clip(traceback.format_exc()),
+                    **extra,
+                }
+            )
+        )
+    except (OSError, ValueError):
+        pass  # the parent is gone or closed the pipe: nobody to tell
+
+
+def worker_main(worker_id: int, payload: bytes, conn: Any, ring_name: str, parent_pid: int) -> None:
+    """Entry point of a worker process.
+
+    The only clean ends are the parent's ``stop`` message, the parent closing the control
+    pipe or the ring (both happen in ``close()``), or the parent's death. Anything else,
+    including a user function calling ``sys.exit``, is reported to the parent.
+    """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    _die_with_parent()
+    _die_with_parent(parent_pid)
     import dill
 
-    from zephon.shm import ShmRing
+    from zephon.shm import RingClosedError, ShmRing
 
     ring = None
     try:
         cfg = dill.loads(payload)
         ring = ShmRing.attach(ring_name)
         _Worker(worker_id, cfg, conn, ring).run()
-    except (SystemExit, EOFError, BrokenPipeError):
+    except (_Stop, _ParentGone):
         pass
+    except RingClosedError:
+        if ring is None or not ring.closed:
+            _report(conn, sys.exc_info()[1])  # type: ignore[arg-type]
+            os._exit(1)
+        # the parent closed the ring (close() wakes a worker blocked on a full ring)
+    except SystemExit as e:
+        code = _exit_code(e)
+        _report(conn, e, exit_code=code, exit_arg=repr(e.code))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code if 0 <= code <= 255 else 1)
     except BaseException as e:  # noqa: BLE001 - reported to the parent, then exit 1
-        try:
-            conn.send_bytes(
-                _pack(
-                    {
-                        "t": "error",
-                        "type": type(e).__name__,
-                        "module": type(e).__module__,
-                        "message": str(e),
-                        "traceback": traceback.format_exc(),
-                    }
-                )
-            )
-        except OSError:
-            pass
+        _report(conn, e)
+        sys.stdout.flush()
         sys.stderr.flush()
         os._exit(1)
     finally:
@@ -293,15 +409,43 @@ def worker_main(worker_id: int, payload: bytes, conn: Any, ring_name: str) -> No
 
 
 # ------------------------------------------------------------------------ parent side
-def _signal_name(code: int) -> str:
+def _signal_name(signum: int) -> str:
     try:
-        return signal.Signals(-code).name
+        return signal.Signals(signum).name
     except ValueError:
-        return f"signal {-code}"
+        return "a signal"
+
+
+_STATES = {
+    "T": "stopped (SIGSTOP or job control)",
+    "t": "stopped by a debugger",
+    "D": "blocked in uninterruptible I/O",
+    "R": "running",
+    "S": "sleeping",
+    "Z": "a zombie",
+}
+
+
+def _proc_state(pid: int | None) -> str | None:
+    """The state letter in ``/proc/<pid>/stat`` (R, S, D, T, t, Z, ...), None if gone."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        return stat[stat.rindex(b")") + 2 :].split()[0].decode()
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def rebuild_error(worker: int, pid: int, msg: dict[str, Any]) -> BaseException:
     """The worker's exception as an instance of its own builtin type *and* WorkerError."""
+    if msg["type"] == "SystemExit" and "exit_code" in msg:
+        arg = msg.get("exit_arg", repr(msg["message"]))
+        return WorkerError(
+            f"worker {worker} (pid {pid}) exited with code {msg['exit_code']}: a function it ran "
+            f"called sys.exit({arg}). Its traceback:\n{msg['traceback']}"
+        )
     text = (
         f"{msg['message']}\n\n[worker {worker} (pid {pid}) raised {msg['type']}; its traceback:]\n"
         f"{msg['traceback']}"
@@ -319,11 +463,50 @@ def rebuild_error(worker: int, pid: int, msg: dict[str, Any]) -> BaseException:
 class _Handle:
     __slots__ = ("id", "proc", "conn", "ring", "lanes", "last_seen", "stats", "lock")
 
-    def __init__(self, wid: int, proc: Any, conn: Any, ring: Any, lanes: list[int]) -> None:
-        self.id, self.proc, self.conn, self.ring, self.lanes = wid, proc, conn, ring, lanes
+    def __init__(self, wid: int, conn: Any, ring: Any, lanes: list[int]) -> None:
+        self.id, self.conn, self.ring, self.lanes = wid, conn, ring, lanes
+        self.proc: Any = None  # set by the keeper thread once the process started
         self.last_seen = time.monotonic()
         self.stats: list[list[float]] | None = None
-        self.lock = threading.Lock()  # conn sends from the feeder thread only; kept for close
+        self.lock = threading.Lock()  # conn sends: the feeder thread, and close()
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.proc is None else self.proc.pid
+
+    def send(self, msg: dict[str, Any], timeout_s: float = -1) -> bool:
+        if not self.lock.acquire(timeout=timeout_s):
+            return False
+        try:
+            self.conn.send_bytes(_pack(msg))
+            return True
+        except (OSError, ValueError):
+            return False
+        finally:
+            self.lock.release()
+
+
+# Executors not closed yet, closed at interpreter exit: before multiprocess's own exit
+# handler, which would SIGTERM the workers and then join a SIGSTOPped one forever.
+_LIVE: WeakSet[ProcessExecutor] = WeakSet()
+_atexit_registered = False
+
+
+def _close_live_executors() -> None:
+    for ex in list(_LIVE):
+        try:
+            ex.close()
+        except Exception:  # noqa: BLE001 - best effort at interpreter exit
+            pass
+
+
+def _register_atexit() -> None:
+    global _atexit_registered
+    if not _atexit_registered:
+        import multiprocess.util  # noqa: F401 - its handler must be registered first (runs last)
+
+        atexit.register(_close_live_executors)
+        _atexit_registered = True
 
 
 class ProcessExecutor:
@@ -353,6 +536,11 @@ class ProcessExecutor:
         self.error: BaseException | None = None
         self._stop = threading.Event()
         self._feeder: threading.Thread | None = None
+        self._keeper: threading.Thread | None = None
+        self._spawned = threading.Event()  # the keeper has started every worker (or failed)
+        self._release = threading.Event()  # close() is done with the workers: the keeper may end
+        self._spawn_error: BaseException | None = None
+        self._engine_stop: threading.Event | None = None
         self._closed = False
         self._pull: Callable[[int], list[Any]] | None = None
         self.replay_dropped = 0
@@ -367,45 +555,100 @@ class ProcessExecutor:
         import dill
         import multiprocess
 
-        from zephon.shm import ShmRing, sweep_stale_segments
+        from zephon.shm import sweep_stale_segments
 
         sweep_stale_segments()
         self._pull = engine.pull
+        stop = getattr(engine, "stopping", None)  # the pump must not wait on a worker once it is set
+        self._engine_stop = stop if isinstance(stop, threading.Event) else None
         ctx = multiprocess.get_context(self.start_method)
+        _register_atexit()
+        _LIVE.add(self)
         lanes = engine.lanes
         n = min(self.num_workers, len(lanes))
         done = [lane for lane in lanes if engine.trackers[lane].done]
+        launches: list[tuple[_Handle, Any, Any]] = []
+        # A forkserver's children are the server's, not ours: no parent check for them.
+        parent_pid = 0 if self.start_method == "forkserver" else os.getpid()
         try:
             for wid in range(n):
                 mine = lanes[wid::n]
                 cfg = {
                     "ops": [op.fresh() for op in self.plan.ops],
                     "filter_index": self.plan.filter_index,
-                    "targets": {lane: list(self.targets[lane][1:]) for lane in mine if lane in self.targets},
+                    "targets": {
+                        lane: list(self.targets[lane][1:]) for lane in mine if lane in self.targets
+                    },
                     "lanes": mine,
                     "output": engine.output,
                     "start_lane": engine.next_lane,
                     "done": [lane for lane in mine if lane in done],
                 }
-                ring = ShmRing.create(self.nslots, self.slot_bytes)
+                payload = dill.dumps(cfg, recurse=True)
+                ring = self._create_ring(n)
                 parent_conn, child_conn = ctx.Pipe(duplex=True)
-                proc = ctx.Process(
-                    target=worker_main,
-                    args=(wid, dill.dumps(cfg, recurse=True), child_conn, ring.name),
-                    name=f"zephon-worker-{wid}",
-                    daemon=True,
-                )
-                proc.start()
-                child_conn.close()
-                h = _Handle(wid, proc, parent_conn, ring, mine)
+                h = _Handle(wid, parent_conn, ring, mine)
                 self.handles.append(h)
                 for lane in mine:
                     self.owner[lane] = h
+                proc = ctx.Process(
+                    target=worker_main,
+                    args=(wid, payload, child_conn, ring.name, parent_pid),
+                    name=f"zephon-worker-{wid}",
+                    daemon=True,
+                )
+                launches.append((h, proc, child_conn))
+            # PR_SET_PDEATHSIG fires when the thread that forked a worker ends, not the
+            # process: fork from a thread that lives until close(), never the caller's.
+            self._keeper = threading.Thread(
+                target=self._keep, args=(launches,), name="zephon-workers", daemon=True
+            )
+            self._keeper.start()
+            while not self._spawned.wait(_POLL_S):
+                pass
+            if self._spawn_error is not None:
+                raise self._spawn_error
         except BaseException:
+            if self._keeper is None:  # else the keeper closes them once it stops starting
+                for _, _, child_conn in launches:
+                    child_conn.close()
             self.close()
             raise
         self._feeder = threading.Thread(target=self._feed_loop, name="zephon-feeder", daemon=True)
         self._feeder.start()
+
+    def _create_ring(self, n: int) -> Any:
+        from zephon.shm import ShmRing
+
+        try:
+            return ShmRing.create(self.nslots, self.slot_bytes)
+        except ShmError as e:
+            why = (
+                f"{e.strerror or e}. Pipeline(workers={self.num_workers}) makes one ring per worker "
+                f"({n} rings) of {self.nslots} slots of ring_slot_bytes={self.slot_bytes} bytes "
+                "(slots = max(4, prefetch + 2)): lower ring_slot_bytes, prefetch or workers, or "
+                "free space in /dev/shm"
+            )
+            raise (ShmError(why) if e.errno is None else ShmError(e.errno, why)) from e
+
+    def _keep(self, launches: list[tuple[_Handle, Any, Any]]) -> None:
+        """The keeper thread: starts the workers, then lives until close() is done."""
+        try:
+            for h, proc, child_conn in launches:
+                if self._closed:
+                    break
+                try:
+                    proc.start()
+                    h.proc = proc
+                finally:
+                    child_conn.close()
+        except BaseException as e:  # noqa: BLE001 - re-raised by start()
+            self._spawn_error = e
+        finally:
+            for _, _, child_conn in launches:
+                child_conn.close()
+            self._spawned.set()
+        self._release.wait()
 
     # the feeder: answers "need" requests, catches errors and deaths
     def _feed_loop(self) -> None:
@@ -416,7 +659,9 @@ class ProcessExecutor:
         while not self._stop.is_set() and self.error is None:
             try:
                 ready = wait([*conns, *sentinels], timeout=_POLL_S)
-            except OSError:
+            except (OSError, ValueError):
+                return  # close() closed a connection under us
+            if self._stop.is_set():
                 return
             for obj in ready:
                 h = conns.get(obj)
@@ -424,7 +669,7 @@ class ProcessExecutor:
                     continue
                 try:
                     msg = _unpack(h.conn.recv_bytes())
-                except (EOFError, OSError):
+                except (EOFError, OSError, ValueError):
                     conns.pop(obj, None)
                     continue
                 if msg["t"] == "need":
@@ -435,9 +680,7 @@ class ProcessExecutor:
                     except BaseException as e:  # noqa: BLE001 - a work-source failure
                         self._fail(e)
                         return
-                    try:
-                        h.conn.send_bytes(_pack({"t": "feed", "lane": lane, "items": items}))
-                    except OSError:
+                    if not h.send({"t": "feed", "lane": lane, "items": items}):
                         conns.pop(obj, None)
                 elif msg["t"] == "error":
                     self._fail(rebuild_error(h.id, h.proc.pid, msg))
@@ -448,62 +691,90 @@ class ProcessExecutor:
                     self._fail(self._death(h))
                     return
 
-    def _death(self, h: _Handle) -> WorkerError:
+    def _death(self, h: _Handle, read_pipe: bool = True) -> WorkerError:
         h.proc.join(timeout=1)
         code = h.proc.exitcode
         # An error message may race the process sentinel: prefer the worker's own words.
-        try:
-            while h.conn.poll(0):
-                msg = _unpack(h.conn.recv_bytes())
-                if msg["t"] == "error":
-                    err = rebuild_error(h.id, h.proc.pid, msg)
-                    return err if isinstance(err, WorkerError) else WorkerError(str(err))
-        except (EOFError, OSError):
-            pass
+        if read_pipe:
+            try:
+                while h.conn.poll(0):
+                    msg = _unpack(h.conn.recv_bytes())
+                    if msg["t"] == "error":
+                        err = rebuild_error(h.id, h.proc.pid, msg)
+                        return err if isinstance(err, WorkerError) else WorkerError(str(err))
+            except (EOFError, OSError, ValueError):
+                pass
         if code is not None and code < 0:
-            how = f"was killed by {_signal_name(code)}"
+            how = f"was killed by {_signal_name(-code)} (signal {-code})"
+            if code == -signal.SIGKILL:
+                how += " (the kernel's OOM killer sends SIGKILL too: see `dmesg`)"
+        elif code is None:
+            how = "stopped answering and did not exit"
         else:
-            how = f"exited with code {code}"
+            how = f"exited with code {code} without reporting an error (its stderr may say why)"
         return WorkerError(
             f"worker {h.id} (pid {h.proc.pid}, lanes {h.lanes}) {how}; the pipeline cannot "
             "continue. Restore the last checkpoint into a new pipeline to go on"
+        )
+
+    def _hung(self, h: _Handle) -> WorkerError:
+        state = _proc_state(h.pid)
+        where = f"; its process is {_STATES.get(state, state)}" if state else ""
+        t = self.worker_timeout_s
+        return WorkerError(
+            f"worker {h.id} (pid {h.pid}, lanes {h.lanes}) produced nothing for {t:g} s "
+            f"(worker_timeout_s={t:g}): it is hung or stopped{where}. The pipeline cannot "
+            "continue: restore the last checkpoint into a new pipeline, and raise "
+            "Pipeline(worker_timeout_s=...) if a batch may legitimately take that long"
         )
 
     def _fail(self, error: BaseException) -> None:
         if self.error is None:
             self.error = error
 
+    def _stopping(self) -> bool:
+        return self._closed or (self._engine_stop is not None and self._engine_stop.is_set())
+
     # reading outputs
     def next_output(self, lane: int) -> LaneOutput:
+        from zephon.shm import RingClosedError
+
         h = self.owner[lane]
         waited_since = time.monotonic()
+        dead_since: float | None = None
         while True:
             if self.error is not None:
                 raise self.error
-            if self._closed:
+            if self._stopping():
                 raise WorkerError("the pipeline was closed")
             try:
                 msg = h.ring.get(timeout_s=_POLL_S, zero_copy=self.zero_copy)
                 break
             except TimeoutError:
-                if not h.proc.is_alive():
-                    # the feeder reports deaths; give it a moment to pick the right words
-                    time.sleep(_POLL_S)
-                    if self.error is None:
-                        self._fail(self._death(h))
-                elif time.monotonic() - waited_since > self.worker_timeout_s:
-                    self._fail(
-                        WorkerError(
-                            f"worker {h.id} (pid {h.proc.pid}, lanes {h.lanes}) produced nothing for "
-                            f"{self.worker_timeout_s:.0f} s (worker_timeout_s): it is hung or stopped"
-                        )
-                    )
+                pass
+            except RingClosedError:
+                if self._stopping():
+                    raise WorkerError("the pipeline was closed") from None
+                time.sleep(_POLL_S)  # the worker closed its ring on its way out
+            now = time.monotonic()
+            if not h.proc.is_alive():
+                # The feeder reports deaths with the worker's own words; if it has not
+                # within a second (it is gone or busy), report from here.
+                if dead_since is None:
+                    dead_since = now
+                elif now - dead_since > 1.0:
+                    feeder_alive = self._feeder is not None and self._feeder.is_alive()
+                    self._fail(self._death(h, read_pipe=not feeder_alive))
+            elif now - waited_since > self.worker_timeout_s:
+                self._fail(self._hung(h))
         h.last_seen = time.monotonic()
         meta = _unpack(msg.meta)
         if "stats" in meta:
             h.stats = meta["stats"]
         if meta["lane"] != lane:
-            raise WorkerError(f"worker {h.id} sent lane {meta['lane']} when lane {lane} was due; this is a Zephon bug")
+            raise WorkerError(
+                f"worker {h.id} sent lane {meta['lane']} when lane {lane} was due; this is a Zephon bug"
+            )
         tombs = _unflat(meta["tombstones"])
         if meta.get("end"):
             msg.release()
@@ -511,7 +782,7 @@ class ProcessExecutor:
         arrays = msg.arrays
         keys = meta["keys"]
         if keys is not None:
-            data: Any = dict(zip(keys, arrays))
+            data: Any = dict(zip(keys, arrays, strict=True))
         elif meta.get("single") or "last" in meta:
             data = arrays[0]
         else:
@@ -521,7 +792,9 @@ class ProcessExecutor:
         mix = {int(c): int(w) for c, w in meta["mix"]}
         contributors = _unflat(meta["contributors"])
         if "last" in meta:
-            rec: Record = BatchRecord(data, lane, contributors, mix, SampleCursor(lane, *meta["last"]), meta["n"])
+            rec: Record = BatchRecord(
+                data, lane, contributors, mix, SampleCursor(lane, *meta["last"]), meta["n"]
+            )
         else:
             rec = Record(data, lane, contributors, mix)
         out = LaneOutput(lane, rec, tombs)
@@ -530,47 +803,75 @@ class ProcessExecutor:
         return out
 
     def op_stats(self) -> list[dict[str, Any]]:
-        ops = [op for op in self.plan.ops if op.name != "batch"] if self.plan.ops[-1].name == "batch" else self.plan.ops
+        ops = (
+            [op for op in self.plan.ops if op.name != "batch"]
+            if self.plan.ops[-1].name == "batch"
+            else self.plan.ops
+        )
         totals = [[0, 0, 0.0] for _ in ops]
         for h in self.handles:
-            for t, s in zip(totals, h.stats or ()):
+            for t, s in zip(totals, h.stats or (), strict=False):
                 t[0] += int(s[0])
                 t[1] += int(s[1])
                 t[2] += float(s[2])
         return [
-            {"name": op.name, "records_in": t[0], "records_out": t[1], "seconds": round(t[2], 6), "place": "workers"}
-            for op, t in zip(ops, totals)
+            {
+                "name": op.name,
+                "records_in": t[0],
+                "records_out": t[1],
+                "seconds": round(t[2], 6),
+                "place": "workers",
+            }
+            for op, t in zip(ops, totals, strict=True)
         ]
 
     def extra_stats(self) -> dict[str, Any]:
         return {
             "workers": [
-                {"id": h.id, "pid": h.proc.pid, "lanes": h.lanes, "alive": h.proc.is_alive(), "ring": h.ring.name}
+                {
+                    "id": h.id,
+                    "pid": h.pid,
+                    "lanes": h.lanes,
+                    "alive": h.proc is not None and h.proc.is_alive(),
+                    "ring": h.ring.name,
+                }
                 for h in self.handles
             ]
         }
 
     def close(self) -> None:
+        """Stops the workers (SIGKILL after a short grace), unlinks the rings. Idempotent."""
         if self._closed:
             return
         self._closed = True
         self._stop.set()
+        _LIVE.discard(self)
+        me = threading.current_thread()
+        if self._keeper is not None and self._keeper is not me:
+            self._spawned.wait(timeout=30)  # no worker starts after this
         for h in self.handles:
-            try:
-                h.conn.send_bytes(_pack({"t": "stop"}))
-            except (OSError, ValueError):
-                pass
+            h.send({"t": "stop"}, timeout_s=1)
             h.ring.close()  # wakes a worker blocked on a full ring
-        if self._feeder is not None and self._feeder is not threading.current_thread():
+        if self._feeder is not None and self._feeder is not me:
             self._feeder.join(timeout=2)
-        deadline = time.monotonic() + 2
+        procs = [h.proc for h in self.handles if h.proc is not None]
+        for proc in procs:
+            if _proc_state(proc.pid) in ("T", "t"):
+                proc.kill()  # a stopped process cannot act on "stop"; SIGKILL still works
+        deadline = time.monotonic() + _STOP_GRACE_S
+        for proc in procs:
+            proc.join(timeout=max(0.0, deadline - time.monotonic()))
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()  # busy in user code: nothing of a worker's needs saving
+        for proc in procs:
+            proc.join(timeout=2)
         for h in self.handles:
-            h.proc.join(timeout=max(0.0, deadline - time.monotonic()))
-            if h.proc.is_alive():
-                h.proc.kill()
-                h.proc.join(timeout=2)
             try:
                 h.conn.close()
             except OSError:
                 pass
             h.ring.unlink()
+        self._release.set()
+        if self._keeper is not None and self._keeper is not me:
+            self._keeper.join(timeout=1)

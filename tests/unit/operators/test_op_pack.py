@@ -1,0 +1,237 @@
+"""pack: first-fit bins, the fullest-bin rule, Grain's output features, conservation."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+
+import numpy as np
+import pytest
+
+import zephon as zp
+from zephon.operators.pack import Pack
+from zephon.records import Contributor, Record, SampleCursor
+from zephon.testing import assert_resumes_exactly, assert_resumes_through_breaks, take
+
+
+def _feed(
+    op: Pack, lengths: list[int], *, lane: int = 0, start_offset: int = 0
+) -> list[list[Record]]:
+    """Feed pieces of ``lengths`` (offsets counting up); per piece, the records emitted."""
+    out = []
+    for i, n in enumerate(lengths):
+        off = start_offset + i
+        out.append(list(op.process(_piece(n, off, lane))))
+    return out
+
+
+def _piece(n: int, offset: int, lane: int = 0) -> Record:
+    # Token values encode the offset so every piece is recognisable in the output.
+    tokens = np.full(n, 100 + offset, dtype=np.int32)
+    return Record({"tokens": tokens}, lane, [Contributor(0, offset, 0, True)], {offset % 2: n})
+
+
+def _offsets(rec: Record) -> list[int]:
+    return [c.offset for c in rec.contributors]
+
+
+def test_output_features_segment_ids_positions_dtypes() -> None:
+    op = Pack(seq_len=10, num_bins=1)
+    assert _feed(op, [3, 4]) == [[], []]
+    (out,) = op.flush(True, 0)
+    d = out.data
+    assert set(d) == {"tokens", "tokens_segment_ids", "tokens_positions"}
+    assert d["tokens"].tolist() == [100, 100, 100, 101, 101, 101, 101, 0, 0, 0]
+    assert d["tokens_segment_ids"].tolist() == [1, 1, 1, 2, 2, 2, 2, 0, 0, 0]
+    assert d["tokens_positions"].tolist() == [0, 1, 2, 0, 1, 2, 3, 0, 0, 0]
+    for v in d.values():
+        assert v.dtype == np.int32 and v.shape == (10,)
+    assert out.contributors == [Contributor(0, 0, 0, True), Contributor(0, 1, 0, True)]
+    assert out.cursor == SampleCursor(0, 0, 0, 0)  # the first fragment's cursor
+    assert out.mix == {0: 3, 1: 4}
+    assert op.pending(0) == 0
+
+
+def test_several_features_are_packed_alike() -> None:
+    op = Pack(seq_len=6, num_bins=1, features=("tokens", "labels"))
+    for off, n in enumerate([2, 3]):
+        r = Record(
+            {"tokens": np.arange(n, dtype=np.int32) + 1, "labels": np.full(n, -off - 1, np.int64)},
+            0,
+            [Contributor(0, off, 0, True)],
+            {0: n},
+        )
+        assert list(op.process(r)) == []
+    (out,) = op.flush(True, 0)
+    assert out.data["tokens"].tolist() == [1, 2, 1, 2, 3, 0]
+    assert out.data["labels"].tolist() == [-1, -1, -2, -2, -2, 0]
+    assert out.data["labels"].dtype == np.int64
+    assert out.data["labels_segment_ids"].tolist() == [1, 1, 2, 2, 2, 0]
+    assert out.data["labels_positions"].tolist() == [0, 1, 0, 1, 2, 0]
+
+
+def test_features_of_different_lengths_are_an_error() -> None:
+    op = Pack(seq_len=6, num_bins=1, features=("tokens", "labels"))
+    r = Record(
+        {"tokens": np.arange(3), "labels": np.arange(2)}, 0, [Contributor(0, 0, 0, True)], {0: 3}
+    )
+    with pytest.raises(ValueError, match=r"differ in length \[3, 2\]"):
+        op.process(r)
+
+
+def test_first_fit_places_each_piece_in_the_lowest_bin_it_fits() -> None:
+    # 6 -> bin0; 6 -> bin1; 3 -> bin0 (9); 5 -> bin2; 1 -> bin0 (10: full, emitted).
+    op = Pack(seq_len=10, num_bins=3)
+    emitted = _feed(op, [6, 6, 3, 5, 1])
+    assert [[_offsets(r) for r in e] for e in emitted] == [[], [], [], [], [[0, 2, 4]]]
+    assert op.pending(0) == 2
+    flushed = list(op.flush(True, 0))
+    assert [_offsets(r) for r in flushed] == [[1], [3]]  # bin order
+
+
+def test_a_bin_is_emitted_as_soon_as_it_is_full() -> None:
+    op = Pack(seq_len=10, num_bins=2)
+    emitted = _feed(op, [4, 6, 10])
+    assert [[_offsets(r) for r in e] for e in emitted] == [[], [[0, 1]], [[2]]]
+    assert emitted[1][0].data["tokens_segment_ids"].tolist() == [1] * 4 + [2] * 6
+    assert op.pending(0) == 0
+
+
+def test_when_nothing_fits_the_fullest_bin_goes_and_its_slot_takes_the_piece() -> None:
+    op = Pack(seq_len=10, num_bins=2)
+    # 6 -> bin0; 8 -> bin1; 5 fits nowhere: bin1 (8) is fullest, emitted; 5 -> bin1.
+    emitted = _feed(op, [6, 8, 5])
+    assert [[_offsets(r) for r in e] for e in emitted] == [[], [], [[1]]]
+    # 4 fits bin0 (6 + 4 = 10): full, emitted.
+    assert [_offsets(r) for r in op.process(_piece(4, 3))] == [[0, 3]]
+    assert [_offsets(r) for r in op.flush(True, 0)] == [[2]]
+
+
+def test_fullest_bin_ties_go_to_the_lowest_index() -> None:
+    op = Pack(seq_len=10, num_bins=3)
+    # 7 -> bin0; 7 -> bin1; 2 -> bin0 (9); 2 -> bin1 (9); 5 -> bin2; 6: fits nowhere,
+    # bins 0 and 1 tie at 9: bin0 goes and takes the 6.
+    emitted = _feed(op, [7, 7, 2, 2, 5, 6])
+    assert [[_offsets(r) for r in e] for e in emitted] == [[], [], [], [], [], [[0, 2]]]
+    assert [_offsets(r) for r in op.flush(True, 0)] == [[5], [1, 3], [4]]
+
+
+def _emission_steps(prefix: list[int], stream_len: int) -> tuple[list[int], list[list[int]]]:
+    """Feed ``prefix`` then 3-token pieces; the (1-based) 3-piece numbers that trigger an
+    emission, and the emitted bins' fills."""
+    op = Pack(seq_len=10, num_bins=2)
+    _feed(op, prefix, start_offset=1000)
+    steps, fills = [], []
+    for i in range(1, stream_len + 1):
+        for r in op.process(_piece(3, i)):
+            steps.append(i)
+            fills.append(int((r.data["tokens_segment_ids"] > 0).sum()))
+    return steps, fills
+
+
+def test_phase_shift_example_of_the_seed_page() -> None:
+    # Two bins of 10 fed [3, 3, 3, ...]: from empty bins (10, 10 free) the first bin fills
+    # to 9, then the second; from then on a piece fits nowhere every third step and bin0
+    # (tied at 9, lowest index) goes.
+    empty_steps, empty_fills = _emission_steps([], 30)
+    assert empty_steps == list(range(7, 31, 3))
+    assert set(empty_fills) == {9}
+    # From (5, 10 free) — a 5-token piece already in a bin — the same periodic cycle,
+    # permanently phase-shifted: the packers never converge.
+    shifted_steps, shifted_fills = _emission_steps([5], 30)
+    assert shifted_steps == list(range(5, 31, 3))
+    assert set(shifted_fills) == {9}
+    assert not set(empty_steps) & set(shifted_steps)
+
+
+def test_piece_longer_than_seq_len_names_split() -> None:
+    with pytest.raises(
+        ValueError, match=r"piece of 11 tokens is longer than seq_len=10.*\.split\(max_len=10\)"
+    ):
+        Pack(seq_len=10).process(_piece(11, 0))
+
+
+def test_missing_feature_is_a_key_error() -> None:
+    r = Record({"ids": np.arange(3)}, 0, [Contributor(0, 0, 0, True)], {0: 3})
+    with pytest.raises(KeyError, match=r"no feature 'tokens'"):
+        Pack(seq_len=10).process(r)
+
+
+def test_pack_validation() -> None:
+    with pytest.raises(ValueError, match=r"pack\(seq_len=\.\.\.\) must be a positive int; got 0"):
+        Pack(0)
+    with pytest.raises(ValueError, match=r"pack\(num_bins=\.\.\.\) must be a positive int; got 0"):
+        Pack(8, num_bins=0)
+    with pytest.raises(ValueError, match=r"pack\(features=\.\.\.\) must be a non-empty list"):
+        Pack(8, features="tokens")
+    with pytest.raises(ValueError, match=r"pack\(features=\.\.\.\) must be a non-empty list"):
+        Pack(8, features=())
+
+
+def test_flush_emits_partial_bins_and_resets_only_that_lane() -> None:
+    op = Pack(seq_len=10, num_bins=2)
+    _feed(op, [6, 6], lane=0)
+    _feed(op, [2], lane=1)
+    assert (op.pending(0), op.pending(1)) == (2, 1)
+    out = list(op.flush(True, 0))
+    assert [int((r.data["tokens_segment_ids"] > 0).sum()) for r in out] == [6, 6]
+    assert (op.pending(0), op.pending(1)) == (0, 1)
+    assert list(op.flush(True, 0)) == []
+    # Lane 0 starts over from empty bins (with the old 6s still there, the 4 would have
+    # filled bin0 at once).
+    assert [[_offsets(r) for r in e] for e in _feed(op, [4, 6], lane=0)] == [[], [[0, 1]]]
+    assert [_offsets(r) for r in op.flush(True, 1)] == [[0]]
+
+
+def test_fresh_copies_share_no_bins() -> None:
+    op = Pack(seq_len=10, num_bins=2)
+    _feed(op, [3])
+    clone = op.fresh()
+    assert clone.pending(0) == 0 and op.pending(0) == 1
+
+
+def test_pack_conserves_every_token_and_reassembles_documents(h) -> None:
+    tok = zp.ByteTokenizer()
+    rec = h.Recorder()
+    pipe = h.make_pipeline([list(h.DOCS)], lanes=1, k=3)
+    pipe = pipe.fetch().tokenize(tok).split(8).pack(12, num_bins=3).apply(rec)
+    outputs = take(pipe)
+    all_tokens = Counter(t for d in h.DOCS for t in tok.encode(d).tolist())
+    packed = Counter(t for o in outputs for t in o["tokens"][o["tokens_segment_ids"] > 0].tolist())
+    assert packed == all_tokens
+    # Every segment is one split piece; pieces of one document reassemble it exactly.
+    pieces: dict[tuple[int, int], dict[int, list[int]]] = defaultdict(dict)
+    for r in rec.seen:
+        seg = r.data["tokens_segment_ids"]
+        assert len(r.contributors) == seg.max()
+        for s, c in enumerate(r.contributors, start=1):
+            pieces[c.chunk_id, c.offset][c.child] = r.data["tokens"][seg == s].tolist()
+            assert r.data["tokens_positions"][seg == s].tolist() == list(range((seg == s).sum()))
+        assert (seg[: (seg > 0).sum()] > 0).all(), "padding only at the end"
+    pointers = h.pointer_map(pipe.source, 1)
+    assert {(c, o) for (_, c, o) in pointers} == set(pieces)
+    for (chunk, offset), children in pieces.items():
+        _, index = pointers[0, chunk, offset]
+        whole = [t for c in sorted(children) for t in children[c]]
+        assert whole == tok.encode(h.DOCS[index]).tolist()
+
+
+def _pack_pipeline(h) -> zp.Pipeline:
+    return (
+        h.make_pipeline([list(h.DOCS), [d[::-1] * 2 for d in h.DOCS[:20]]], weights=[1, 1], k=2)
+        .fetch()
+        .tokenize(zp.ByteTokenizer())
+        .split(10)
+        .pack(16, num_bins=3)
+        .batch(2)
+    )
+
+
+def test_pack_resumes_exactly(h) -> None:
+    ref = assert_resumes_exactly(lambda: _pack_pipeline(h))
+    assert 20 <= len(ref) <= 60
+    for b in ref:
+        assert b["tokens"].shape == b["tokens_segment_ids"].shape == (2, 16)
+
+
+def test_pack_resumes_through_several_breaks(h) -> None:
+    assert_resumes_through_breaks(lambda: _pack_pipeline(h), [1, 4, 5, 11, 17])
