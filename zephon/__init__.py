@@ -24,7 +24,8 @@ from zephon.records import (
     SampleCursor,
     Tombstone,
 )
-from zephon.sources import ArraySource, JsonlSource, ParquetSource, TokenFileSource
+from zephon.sources import ArraySource, HFSource, JsonlSource, ParquetSource, TokenFileSource
+from zephon.tokenizer_adapters import HFTokenizer, SentencePieceTokenizer
 from zephon.tokenizers import ByteTokenizer
 from zephon.work_sources import StaticMixtureWorkSource, WorkSource
 
@@ -39,6 +40,8 @@ __all__ = [
     "ContractViolation",
     "Contributor",
     "FlushSentinel",
+    "HFSource",
+    "HFTokenizer",
     "JsonlSource",
     "OpTraits",
     "Operator",
@@ -48,6 +51,7 @@ __all__ = [
     "RingError",
     "SampleCursor",
     "SamplePointer",
+    "SentencePieceTokenizer",
     "ShmError",
     "StaticMixtureWorkSource",
     "TokenFileSource",

@@ -543,7 +543,6 @@ class ProcessExecutor:
         self._engine_stop: threading.Event | None = None
         self._closed = False
         self._pull: Callable[[int], list[Any]] | None = None
-        self.replay_dropped = 0
 
     def set_target(self, lane: int, cursor: Any) -> None:
         if cursor is None:
@@ -559,8 +558,7 @@ class ProcessExecutor:
 
         sweep_stale_segments()
         self._pull = engine.pull
-        stop = getattr(engine, "stopping", None)  # the pump must not wait on a worker once it is set
-        self._engine_stop = stop if isinstance(stop, threading.Event) else None
+        self._engine_stop = engine.stopping  # the pump must not wait on a worker once it is set
         ctx = multiprocess.get_context(self.start_method)
         _register_atexit()
         _LIVE.add(self)
