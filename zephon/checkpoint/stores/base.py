@@ -15,14 +15,31 @@ Two optional powers make rounds safer where a backend has them:
 
 Backends without them return None from ``announce`` and no-op ``keep_alive``; the protocol
 then relies on the failure notice and the round's time budget.
+
+The round never deletes the key it fences on while a fenced write may still follow (it
+announces a separate ``generation`` key for that), so "still current" can be checked as
+"the key's revision is still the one ``announce`` made" (etcd) or "the key still holds the
+announced value" (a directory).
+
+A ``keep_alive`` handle may also expose ``lost`` (optional; absent means False): True
+once the key may have expired under its living holder (a paused process, a lease the
+server dropped). The round's leader then refuses to publish (its followers may have given
+it up for dead) and takes a new lease for the next round.
+
+Polling: waiters sleep ``poll_interval_s`` between reads. A store may also set
+``poll_max_interval_s`` (optional; absent means "no backoff"): waiters then back off
+exponentially from ``poll_interval_s`` up to it (``poll_delays``); object storage uses 5 s.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any, Protocol, runtime_checkable
 
+from zephon.errors import AggregationError
 
-class StaleRoundError(Exception):
+
+class StaleRoundError(AggregationError):
     """A fenced write was refused: the round it belonged to is no longer current."""
 
 
@@ -63,7 +80,7 @@ class Store(Protocol):
     def close(self) -> None: ...
 
 
-def poll_delays(first_s: float, cap_s: float = 5.0, factor: float = 1.6):
+def poll_delays(first_s: float, cap_s: float = 5.0, factor: float = 1.6) -> Iterator[float]:
     """Exponential backoff: first_s, first_s*1.6, ... capped at ``cap_s`` (forever)."""
     d = first_s
     while True:

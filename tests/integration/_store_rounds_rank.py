@@ -1,0 +1,93 @@
+"""One rank of the multi-process checkpoint-round tests over a real store.
+
+    python _store_rounds_rank.py STORE_URL NAMESPACE RANK WORLD_SIZE ROUNDS LEASE_TTL_S MODE
+
+Opens the store with ``open_store`` (as a Pipeline would), runs ROUNDS rounds of
+``Aggregator.round`` with a small synthetic state (two lanes per rank), and prints one JSON
+line per round: ``{"rank", "round", "ok", "merged" | "error", "t"}`` (``t`` = time.time() at
+the end of the round). MODE ``die_before_publish``: the leader prints ``{"dying": t}`` and
+SIGKILLs itself inside ``merge``, after collecting every state and before publishing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+
+from zephon.checkpoint.aggregate import Aggregator, open_store
+from zephon.errors import AggregationError
+
+LANES_PER_RANK = 2
+
+
+def lanes_of(rank: int) -> list[int]:
+    return list(range(rank * LANES_PER_RANK, (rank + 1) * LANES_PER_RANK))
+
+
+def state_of(rank: int, world_size: int, round_no: int) -> dict:
+    return {
+        "topology": {
+            "rank": rank,
+            "world_size": world_size,
+            "dp_size": world_size,
+            "canonical_replicas": world_size * LANES_PER_RANK,
+        },
+        "lanes": [{"lane": lane, "position": 100 * round_no + lane} for lane in lanes_of(rank)],
+    }
+
+
+def merge(states: list[dict]) -> dict:
+    lanes = sorted((x for s in states for x in s["lanes"]), key=lambda x: x["lane"])
+    return {"lanes": lanes}
+
+
+def emit(**record) -> None:
+    print(json.dumps(record), flush=True)
+
+
+def main() -> None:
+    url, namespace = sys.argv[1], sys.argv[2]
+    rank, world_size, rounds = int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+    lease_ttl_s, mode = float(sys.argv[6]), sys.argv[7]
+
+    def leader_merge(states: list[dict]) -> dict:
+        if mode == "die_before_publish":
+            emit(dying=time.time())
+            os.kill(os.getpid(), signal.SIGKILL)
+        return merge(states)
+
+    store = open_store(aggregate_store=url, namespace=namespace)
+    agg = Aggregator(
+        store,
+        rank=rank,
+        world_size=world_size,
+        timeout_s=30.0,
+        expected_lanes=lanes_of,
+        merge=leader_merge,
+        lease_ttl_s=lease_ttl_s,
+    )
+    try:
+        for round_no in range(rounds):
+            t0 = time.time()
+            try:
+                merged = agg.round(state_of(rank, world_size, round_no))
+            except AggregationError as e:
+                emit(rank=rank, round=round_no, ok=False, error=str(e), t=time.time())
+                sys.exit(3)
+            emit(
+                rank=rank,
+                round=round_no,
+                ok=True,
+                merged=merged,
+                t=time.time(),
+                ms=(time.time() - t0) * 1e3,
+            )
+    finally:
+        agg.close()
+
+
+if __name__ == "__main__":
+    main()

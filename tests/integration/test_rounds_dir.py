@@ -1,0 +1,153 @@
+"""Checkpoint rounds over a shared directory with every rank its own OS process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from _rounds_rank import fake_state, lanes_of, merge
+
+SCRIPT = Path(__file__).with_name("_rounds_rank.py")
+pytestmark = pytest.mark.processes
+
+
+def run_job(
+    tmp_path: Path,
+    root: Path,
+    n: int,
+    *,
+    rounds: int = 1,
+    timeout_s: float | list[float] = 20.0,
+    lease_ttl_s: float = 10.0,
+    modes: dict[int, str] | None = None,
+    linger_s: dict[int, float] | None = None,
+    tag: str = "job",
+) -> list[dict]:
+    """Start ``n`` rank processes on ``root`` and return each one's JSON report."""
+    timeouts = timeout_s if isinstance(timeout_s, list) else [timeout_s] * n
+    procs = []
+    outs = []
+    for r in range(n):
+        out = tmp_path / f"{tag}-rank{r}.json"
+        outs.append(out)
+        cmd = [
+            sys.executable,
+            str(SCRIPT),
+            "--root", str(root),
+            "--rank", str(r),
+            "--world-size", str(n),
+            "--out", str(out),
+            "--rounds", str(rounds),
+            "--timeout-s", str(timeouts[r]),
+            "--lease-ttl-s", str(lease_ttl_s),
+            "--mode", (modes or {}).get(r, "ok"),
+            "--linger-s", str((linger_s or {}).get(r, 0.0)),
+        ]  # fmt: skip
+        procs.append(subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True))
+    reports = []
+    for r, (p, out) in enumerate(zip(procs, outs, strict=True)):
+        try:
+            _, err = p.communicate(timeout=90)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise AssertionError(f"rank {r} hung") from None
+        if out.exists():
+            reports.append(json.loads(out.read_text()))
+        else:
+            reports.append({"rank": r, "returncode": p.returncode, "stderr": err[-2000:]})
+    return reports
+
+
+def namespace_files(root: Path) -> list[str]:
+    return sorted(os.listdir(root / "zephon"))
+
+
+def test_four_processes_get_the_same_merged_state(tmp_path):
+    n, rounds = 4, 3
+    root = tmp_path / "agg"
+    reports = run_job(tmp_path, root, n, rounds=rounds)
+    for rep in reports:
+        assert rep.get("error") is None, rep
+        assert len(rep["digests"]) == rounds, rep
+    assert all(rep["digests"] == reports[0]["digests"] for rep in reports)
+    for step in range(rounds):
+        expected = merge([fake_state(r, n, step) for r in range(n)])
+        assert all(rep["merged"][step] == expected for rep in reports)
+    assert namespace_files(root) == []  # the leader's close() removed the last marker
+
+
+def test_missing_rank_is_named_and_followers_fail_on_the_notice(tmp_path):
+    n = 4
+    leader_timeout_s = 3.0
+    reports = run_job(
+        tmp_path,
+        tmp_path / "agg",
+        n,
+        timeout_s=[leader_timeout_s, 60.0, 60.0, 60.0],
+        modes={3: "absent"},
+        linger_s={0: 1.0},
+    )
+    lead = reports[0]
+    assert lead["error_type"] == "AggregationError"
+    assert f"rank 3 (lanes {lanes_of(3)})" in lead["error"]
+    assert "waiting for 1 of 4 ranks" in lead["error"]
+    assert leader_timeout_s <= lead["elapsed_s"] < leader_timeout_s + 1.0
+    for rep in reports[1:3]:
+        assert rep["error_type"] == "AggregationError"
+        assert "the leader (rank 0) failed checkpoint round" in rep["error"]
+        assert f"rank 3 (lanes {lanes_of(3)})" in rep["error"]
+        # On the notice, shortly after the leader gave up; not at their own 60 s deadline.
+        assert rep["failed_at_unix"] - lead["failed_at_unix"] < 1.0
+        assert rep["elapsed_s"] < leader_timeout_s + 5.0
+
+
+def test_lane_mismatch_fails_every_rank_at_once(tmp_path):
+    n = 4
+    # The leader lives on a little after failing (as a training loop reporting the error
+    # would): ranks slower to start than the mismatch still find its notice. (One that
+    # first looks after the leader closed cannot tell its job's notice from a dead job's
+    # and waits out its budget; see test_aggregate_round.)
+    reports = run_job(
+        tmp_path,
+        tmp_path / "agg",
+        n,
+        timeout_s=60.0,
+        modes={2: "bad-lanes"},
+        linger_s={0: 3.0},
+    )
+    expected = f"it reports lanes {lanes_of(2)[:1]}, the leader expects {lanes_of(2)}"
+    for rep in reports:
+        assert rep["error_type"] == "AggregationError", rep
+        assert expected in rep["error"]
+        assert rep["elapsed_s"] < 10.0  # process start-up skew, not the 60 s budget
+
+
+def test_sigkilled_leader_then_a_restarted_job_over_the_same_directory(tmp_path):
+    """The leader dies before publishing (no notice): followers fail about a lease TTL
+    later, naming the leader. A new job then runs over the leftovers and succeeds."""
+    n, ttl = 4, 1.0
+    root = tmp_path / "agg"
+    reports = run_job(tmp_path, root, n, timeout_s=60.0, lease_ttl_s=ttl, modes={0: "die-in-merge"})
+    assert "rank" in reports[0] and reports[0].get("returncode") == -9  # SIGKILL, no report
+    died_at = json.loads((tmp_path / "job-rank0.json.dying").read_text())["at_unix"]
+    for rep in reports[1:]:
+        assert rep["error_type"] == "AggregationError", rep
+        assert "the leader (rank 0) of round" in rep["error"] and "is gone" in rep["error"]
+        assert "did rank 0 die?" in rep["error"]
+        assert rep["failed_at_unix"] - died_at < 2 * ttl + 0.5
+    assert "leader" in namespace_files(root)  # the dead leader's (expired) key is left
+
+    time.sleep(0.1)
+    again = run_job(tmp_path, root, n, rounds=2, lease_ttl_s=ttl, tag="restart")
+    for rep in again:
+        assert rep.get("error") is None, rep
+    assert all(rep["digests"] == again[0]["digests"] for rep in again)
+    assert again[0]["merged"][1] == merge([fake_state(r, n, 1) for r in range(n)])
+    # The dead leader's own state file was overwritten and removed by the new leader.
+    assert namespace_files(root) == []

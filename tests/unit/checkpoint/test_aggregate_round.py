@@ -1,0 +1,698 @@
+"""The multi-rank checkpoint round, with N ranks simulated as threads over one store.
+
+Every rank gets its own store object on the same location (a tmp directory, or an fsspec
+``memory://`` root, which threads of one process share), as separate hosts would.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import fsspec
+import pytest
+
+from zephon.checkpoint import aggregate as agg
+from zephon.checkpoint.aggregate import Aggregator
+from zephon.checkpoint.stores import DirectoryStore, StaleRoundError
+from zephon.errors import AggregationError
+
+LANES_PER_GROUP = 2
+
+
+def lanes_of(rank: int, world_size: int, dp_size: int | None = None) -> list[int]:
+    dp_size = dp_size or world_size
+    dp_rank = rank * dp_size // world_size
+    return list(range(dp_rank * LANES_PER_GROUP, (dp_rank + 1) * LANES_PER_GROUP))
+
+
+def make_state(rank: int, world_size: int, step: int, dp_size: int | None = None) -> dict:
+    dp_size = dp_size or world_size
+    return {
+        "topology": {
+            "rank": rank,
+            "world_size": world_size,
+            "dp_rank": rank * dp_size // world_size,
+            "dp_size": dp_size,
+            "canonical_replicas": dp_size * LANES_PER_GROUP,
+        },
+        "lanes": [
+            {
+                "lane": lane,
+                "cursor": [step, lane],
+                "inflight": [{"chunk": step + i} for i in range(3)],
+            }
+            for lane in lanes_of(rank, world_size, dp_size)
+        ],
+        "step": step,
+    }
+
+
+def merge(states: list[dict]) -> dict:
+    lanes: dict[int, dict] = {}
+    for st in states:
+        for lane in st["lanes"]:
+            lanes.setdefault(lane["lane"], lane)
+    return {
+        "step": states[0]["step"],
+        "lanes": [lanes[k] for k in sorted(lanes)],
+        "ranks": len(states),
+    }
+
+
+class Roots:
+    """Fresh store locations of one kind; memory roots are removed afterwards."""
+
+    def __init__(self, kind: str, tmp_path) -> None:
+        self.kind = kind
+        self.tmp_path = tmp_path
+        self.made: list[str] = []
+
+    def new(self) -> str:
+        if self.kind == "local":
+            path = self.tmp_path / f"agg-{len(self.made)}"
+            self.made.append(str(path))
+            return str(path)
+        root = f"memory://zephon-round-{uuid.uuid4().hex}"
+        self.made.append(root)
+        return root
+
+    def store(self, root: str) -> DirectoryStore:
+        s = DirectoryStore(root, "job")
+        if self.kind == "memory":
+            s.poll_interval_s, s.poll_max_interval_s = 0.002, 0.02  # keep the tests quick
+        return s
+
+    def files(self, root: str) -> list[str]:
+        if self.kind == "local":
+            return sorted(os.listdir(os.path.join(root, "job")))
+        fs = fsspec.filesystem("memory")
+        base = root.removeprefix("memory://") + "/job"
+        names = {p.rsplit("/", 1)[1] for p in fs.find(base)}
+        # A key is its data object plus its commit marker; list keys (and stray markers).
+        return sorted(x for x in names if not (x.endswith(".commit") and x[:-7] in names))
+
+    def cleanup(self) -> None:
+        if self.kind == "memory":
+            fs = fsspec.filesystem("memory")
+            for root in self.made:
+                path = root.removeprefix("memory://")
+                if fs.exists(path):
+                    fs.rm(path, recursive=True)
+
+
+@pytest.fixture(params=["local", "memory"])
+def roots(request, tmp_path):
+    r = Roots(request.param, tmp_path)
+    yield r
+    r.cleanup()
+
+
+@pytest.fixture
+def local(tmp_path):
+    r = Roots("local", tmp_path)
+    yield r
+
+
+def make_aggs(
+    roots: Roots,
+    root: str,
+    n: int,
+    *,
+    timeout_s: float | list[float] = 10.0,
+    merge_fn: Callable[[list[dict]], dict] = merge,
+    dp_size: int | None = None,
+    lease_ttl_s: float = 10.0,
+    store_wrap: Callable[[int, Any], Any] | None = None,
+) -> list[Aggregator]:
+    timeouts = timeout_s if isinstance(timeout_s, list) else [timeout_s] * n
+    aggs = []
+    for r in range(n):
+        store = roots.store(root)
+        if store_wrap is not None:
+            store = store_wrap(r, store)
+        aggs.append(
+            Aggregator(
+                store,
+                rank=r,
+                world_size=n,
+                timeout_s=timeouts[r],
+                expected_lanes=lambda rank, n=n: lanes_of(rank, n, dp_size),
+                merge=merge_fn,
+                lease_ttl_s=lease_ttl_s,
+            )
+        )
+    return aggs
+
+
+def run_ranks(
+    aggs: list[Aggregator],
+    states: list[dict | None],
+    *,
+    delays_s: dict[int, float] | None = None,
+) -> list[tuple[Any, float]]:
+    """Each rank whose state is not None calls round() in its own thread (after its delay);
+    returns (merged or the exception, seconds inside round()) per rank (None: did not run)."""
+    out: list[Any] = [None] * len(aggs)
+
+    def one(r: int) -> None:
+        time.sleep((delays_s or {}).get(r, 0.0))
+        t = time.monotonic()
+        try:
+            res: Any = aggs[r].round(states[r])
+        except BaseException as e:
+            res = e
+        out[r] = (res, time.monotonic() - t)
+
+    threads = [
+        threading.Thread(target=one, args=(r,)) for r in range(len(aggs)) if states[r] is not None
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+        assert not t.is_alive(), "a rank hung"
+    return out
+
+
+def assert_only_the_failure_is_left(files: list[str]) -> None:
+    """A failed last round leaves its notice (and announcement, if still open) after
+    close(), for followers that have not looked yet."""
+    notices = [f for f in files if f.startswith("failed-")]
+    assert len(notices) == 1, files
+    assert set(files) - set(notices) <= {agg.ANNOUNCE_KEY}, files
+
+
+def close_all(aggs: list[Aggregator]) -> None:
+    for a in aggs:
+        a.close()
+
+
+# ----------------------------------------------------------------------------- happy path
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_every_rank_returns_the_same_merged_state(roots, n):
+    root = roots.new()
+    aggs = make_aggs(roots, root, n)
+    for step in (10, 20, 30):
+        states = [make_state(r, n, step) for r in range(n)]
+        out = run_ranks(aggs, states)
+        results = [res for res, _ in out]
+        for res in results:
+            assert not isinstance(res, BaseException), res
+        assert results[0] == merge(states)
+        assert all(res == results[0] for res in results)
+        assert [lane["lane"] for lane in results[0]["lanes"]] == list(range(n * LANES_PER_GROUP))
+    close_all(aggs)
+    assert roots.files(root) == []
+
+
+def test_previous_merged_is_kept_until_the_next_round_is_acknowledged(roots):
+    root = roots.new()
+    n = 3
+    seen_during_merge: list[list[str]] = []
+
+    def spying_merge(states):
+        seen_during_merge.append(roots.files(root))
+        return merge(states)
+
+    aggs = make_aggs(roots, root, n, merge_fn=spying_merge)
+    run_ranks(aggs, [make_state(r, n, 1) for r in range(n)])
+    first = [f for f in roots.files(root) if f.startswith("merged-")]
+    assert len(first) == 1
+    # Between rounds only the "round closed" marker, the fence key and the leader's
+    # liveness key (held until close()) stay.
+    assert sorted(roots.files(root)) == sorted([*first, "generation", "leader"])
+
+    run_ranks(aggs, [make_state(r, n, 2) for r in range(n)])
+    # While round 2 was merging, round 1's result was still there...
+    assert first[0] in seen_during_merge[1]
+    # ...and once round 2 was acknowledged by everyone, it was gone.
+    second = [f for f in roots.files(root) if f.startswith("merged-")]
+    assert len(second) == 1 and second != first
+    close_all(aggs)
+    assert roots.files(root) == []
+
+
+class _DropAcks:
+    """A store whose ack writes vanish: the rank read the result, then died before acking."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def put(self, key, value, *, fence=None):
+        if not key.endswith(".ack"):
+            self._inner.put(key, value, fence=fence)
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+def test_unacknowledged_result_stays_until_a_later_round_is_acknowledged(local, caplog):
+    root = local.new()
+    n = 3
+    flaky = make_aggs(
+        local,
+        root,
+        n,
+        timeout_s=[0.4, 5.0, 5.0],
+        store_wrap=lambda r, s: _DropAcks(s) if r == 2 else s,
+    )
+    with caplog.at_level(logging.WARNING, logger="zephon.checkpoint.aggregate"):
+        out = run_ranks(flaky, [make_state(r, n, 1) for r in range(n)])
+    assert all(isinstance(res, dict) for res, _ in out)  # the leader still returns it
+    assert any("[rank=0]" in m and "ranks [2] did not acknowledge" in m for m in caplog.messages)
+    first = {f for f in local.files(root) if f.startswith("merged-")}
+    assert len(first) == 1
+
+    flaky[2] = make_aggs(local, root, n)[2]  # rank 2 is healthy again
+    run_ranks(flaky, [make_state(r, n, 2) for r in range(n)])
+    merged_files = {f for f in local.files(root) if f.startswith("merged-")}
+    assert len(merged_files) == 1 and not merged_files & first
+    close_all(flaky)
+    assert local.files(root) == []
+
+
+def test_dp_groups_model_parallel_peers_report_the_same_lanes(local):
+    root = local.new()
+    n, dp = 4, 2
+    aggs = make_aggs(local, root, n, dp_size=dp)
+    states = [make_state(r, n, 5, dp_size=dp) for r in range(n)]
+    out = run_ranks(aggs, states)
+    merged = out[0][0]
+    assert all(res == merged for res, _ in out)
+    assert [lane["lane"] for lane in merged["lanes"]] == [0, 1, 2, 3]
+    close_all(aggs)
+
+
+def test_late_leader_within_the_budget_is_fine(local):
+    root = local.new()
+    n = 4
+    aggs = make_aggs(local, root, n, timeout_s=3.0)
+    out = run_ranks(aggs, [make_state(r, n, 1) for r in range(n)], delays_s={0: 0.5})
+    assert all(isinstance(res, dict) for res, _ in out)
+    close_all(aggs)
+
+
+# ----------------------------------------------------------------------------- faults
+
+
+def test_missing_rank_is_named_with_its_lanes_and_followers_fail_fast(roots):
+    root = roots.new()
+    n = 4
+    # The leader's budget is short, the followers' long: they must fail on the notice.
+    aggs = make_aggs(roots, root, n, timeout_s=[0.5, 20.0, 20.0, 20.0])
+    states = [make_state(r, n, 1) for r in range(n)]
+    states[3] = None  # rank 3 never calls checkpoint()
+    out = run_ranks(aggs, states)
+    err, elapsed = out[0]
+    assert isinstance(err, AggregationError)
+    msg = str(err)
+    assert msg.startswith("[rank=0] checkpoint round ")
+    assert "timed out after 0.5 s waiting for 1 of 4 ranks" in msg
+    assert "rank 3 (lanes [6, 7])" in msg
+    assert "call checkpoint() at the same step" in msg
+    assert 0.5 <= elapsed < 1.5
+    for r in (1, 2):
+        ferr, felapsed = out[r]
+        assert isinstance(ferr, AggregationError)
+        assert f"[rank={r}] the leader (rank 0) failed checkpoint round" in str(ferr)
+        assert "rank 3 (lanes [6, 7])" in str(ferr)
+        assert felapsed < 2.0  # the notice, not their own 20 s budget
+    close_all(aggs)
+    assert_only_the_failure_is_left(roots.files(root))
+
+
+def test_a_dp_peer_cannot_stand_in_for_a_missing_rank(local):
+    root = local.new()
+    n, dp = 4, 2
+    aggs = make_aggs(local, root, n, dp_size=dp, timeout_s=[0.4, 10.0, 10.0, 10.0])
+    states: list[dict | None] = [make_state(r, n, 1, dp_size=dp) for r in range(n)]
+    states[1] = None  # rank 0 already reports lanes 0 and 1; rank 1 must still report them
+    out = run_ranks(aggs, states)
+    err, _ = out[0]
+    assert isinstance(err, AggregationError)
+    assert "1 of 4 ranks" in str(err) and "rank 1 (lanes [0, 1])" in str(err)
+    close_all(aggs)
+
+
+@pytest.mark.parametrize(
+    ("corrupt", "expected"),
+    [
+        (lambda st: st["lanes"].pop(), "it reports lanes [4], the leader expects [4, 5]"),
+        (
+            lambda st: st["lanes"].__setitem__(1, {"lane": 9}),
+            "it reports lanes [4, 9], the leader expects [4, 5]",
+        ),
+        (
+            lambda st: st["topology"].__setitem__("canonical_replicas", 16),
+            "canonical_replicas=16 (the leader has 8)",
+        ),
+        (lambda st: st["topology"].__setitem__("dp_size", 2), "dp_size=2 (the leader has 4)"),
+        (lambda st: st["topology"].__setitem__("rank", 3), "rank=3 (the leader has 2)"),
+        (lambda st: st.pop("topology"), "it has no 'topology' dict"),
+        (lambda st: st.__setitem__("lanes", [4, 5]), "not a list of {'lane': int"),
+    ],
+)
+def test_lane_mapping_mismatch_raises_at_once(local, corrupt, expected):
+    root = local.new()
+    n = 4
+    aggs = make_aggs(local, root, n, timeout_s=20.0)
+    states = [make_state(r, n, 1) for r in range(n)]
+    corrupt(states[2])
+    out = run_ranks(aggs, states)
+    err, elapsed = out[0]
+    assert isinstance(err, AggregationError)
+    assert "rank 2's state in round" in str(
+        err
+    ) and "disagrees with the leader's lane mapping" in str(err)
+    assert expected in str(err)
+    assert elapsed < 2.0  # at once, not at the 20 s deadline
+    for r in (1, 2, 3):
+        ferr, felapsed = out[r]
+        assert isinstance(ferr, AggregationError) and "failed checkpoint round" in str(ferr)
+        assert expected in str(ferr)
+        assert felapsed < 2.0
+    close_all(aggs)
+    assert_only_the_failure_is_left(local.files(root))
+
+
+def test_follower_arriving_after_the_failure_still_fails_fast_and_a_later_job_is_unaffected(
+    local,
+):
+    """The leader fails round 1 at once (a mapping mismatch) before rank 2 even starts:
+    rank 2 still joins that round, sees the live leader's notice and fails at once. After
+    the job ends, its notice and announcement are left; the next job ignores them."""
+    root = local.new()
+    n = 3
+    aggs = make_aggs(local, root, n, timeout_s=10.0)
+    states = [make_state(r, n, 1) for r in range(n)]
+    states[1]["lanes"].pop()
+    out = run_ranks(aggs, states, delays_s={2: 0.5})
+    assert isinstance(out[0][0], AggregationError) and out[0][1] < 0.5
+    err, elapsed = out[2]
+    assert isinstance(err, AggregationError)
+    assert "the leader (rank 0) failed checkpoint round" in str(err)
+    assert "it reports lanes [2], the leader expects [2, 3]" in str(err)
+    assert elapsed < 0.5
+    close_all(aggs)
+    assert_only_the_failure_is_left(local.files(root))
+
+    again = make_aggs(local, root, n, timeout_s=10.0)  # a new job, followers first
+    states = [make_state(r, n, 2) for r in range(n)]
+    out = run_ranks(again, states, delays_s={0: 0.5})
+    assert all(res == merge(states) for res, _ in out), out
+    close_all(again)
+    assert local.files(root) == []
+
+
+def test_follower_arriving_after_the_failed_leader_closed_waits_out_its_budget(local):
+    """Documented limit: with the leader gone, a failed round's notice looks like a dead
+    job's leftover, so a follower that first looks then waits for its deadline (and
+    reports the notice it found)."""
+    root = local.new()
+    n = 3
+    aggs = make_aggs(local, root, n, timeout_s=[10.0, 10.0, 0.5])
+    states = [make_state(r, n, 1) for r in range(n)]
+    states[1]["lanes"].pop()
+    out = run_ranks(aggs, states[:2] + [None])
+    assert isinstance(out[0][0], AggregationError)
+    aggs[0].close()
+    err, elapsed = run_ranks(aggs, [None, None, states[2]])[2]
+    assert isinstance(err, AggregationError)
+    assert "timed out after 0.5 s waiting for the merged result" in str(err)
+    assert "found: the leader (rank 0) failed checkpoint round" in str(err)
+    assert "it reports lanes [2], the leader expects [2, 3]" in str(err)
+    assert elapsed >= 0.5
+
+
+def test_merge_failure_is_published_so_followers_fail_fast(roots):
+    root = roots.new()
+    n = 4
+
+    def bad_merge(states):
+        raise ValueError("lane 3 is inconsistent")
+
+    aggs = make_aggs(roots, root, n, timeout_s=20.0, merge_fn=bad_merge)
+    out = run_ranks(aggs, [make_state(r, n, 1) for r in range(n)])
+    err, _ = out[0]
+    assert isinstance(err, AggregationError)
+    assert "merging the states of round" in str(err)
+    assert "ValueError: lane 3 is inconsistent" in str(err)
+    assert isinstance(err.__cause__, ValueError)
+    for r in range(1, n):
+        ferr, felapsed = out[r]
+        assert isinstance(ferr, AggregationError)
+        assert "the leader (rank 0) failed checkpoint round" in str(ferr)
+        assert "lane 3 is inconsistent" in str(ferr)
+        assert felapsed < 2.0
+    close_all(aggs)
+    assert_only_the_failure_is_left(roots.files(root))
+
+
+def test_follower_with_an_unserialisable_state_fails_the_round_at_once(local):
+    root = local.new()
+    n = 3
+    aggs = make_aggs(local, root, n, timeout_s=20.0)
+    states = [make_state(r, n, 1) for r in range(n)]
+    states[1]["extra"] = (1, 2)  # a tuple: msgpack would turn it into a list
+    out = run_ranks(aggs, states)
+    err1, _ = out[1]
+    assert isinstance(err1, AggregationError) and "cannot serialise" in str(err1)
+    err0, elapsed = out[0]
+    assert isinstance(err0, AggregationError)
+    assert "rank 1 could not take part in round" in str(err0) and "tuple" in str(err0)
+    assert elapsed < 2.0
+    assert isinstance(out[2][0], AggregationError)
+    close_all(aggs)
+
+
+def test_stale_leader_publish_is_rejected(roots):
+    """A newer round is announced while this leader merges: its fenced publish is refused."""
+    root = roots.new()
+    n = 3
+    usurper = roots.store(root)
+
+    def merge_while_a_newer_leader_announces(states):
+        usurper.announce(agg.GENERATION_KEY, b"newer-session-1")
+        return merge(states)
+
+    aggs = make_aggs(roots, root, n, timeout_s=20.0, merge_fn=merge_while_a_newer_leader_announces)
+    out = run_ranks(aggs, [make_state(r, n, 1) for r in range(n)])
+    err, _ = out[0]
+    assert isinstance(err, AggregationError)
+    assert "cannot publish its merged result" in str(err) and "this leader is stale" in str(err)
+    assert isinstance(err.__cause__, StaleRoundError)
+    assert not any(f.startswith("merged-") for f in roots.files(root))
+    for r in (1, 2):
+        ferr, felapsed = out[r]
+        assert isinstance(ferr, AggregationError) and "this leader is stale" in str(ferr)
+        assert felapsed < 2.0
+    close_all(aggs)
+
+
+def test_leader_whose_liveness_lapsed_does_not_publish(local):
+    """Followers may have declared a paused leader dead: it must fail the round too."""
+    root = local.new()
+    n = 2
+    aggs: list[Aggregator] = []
+
+    def merge_after_a_pause(states):
+        if states[0]["step"] == 1:
+            aggs[0]._lease._lost = True  # what the lease reports after a pause over its TTL
+        return merge(states)
+
+    aggs.extend(make_aggs(local, root, n, timeout_s=10.0, merge_fn=merge_after_a_pause))
+    out = run_ranks(aggs, [make_state(r, n, 1) for r in range(n)])
+    assert isinstance(out[0][0], AggregationError)
+    assert "liveness key 'leader'" in str(out[0][0]) and "lapsed" in str(out[0][0])
+    assert isinstance(out[1][0], AggregationError) and "lapsed" in str(out[1][0])
+    # The next round takes a new lease and works.
+    out = run_ranks(aggs, [make_state(r, n, 2) for r in range(n)])
+    assert all(isinstance(res, dict) for res, _ in out)
+    close_all(aggs)
+    assert local.files(root) == []
+
+
+def _record(rid: str, rank: int, n: int, state: dict) -> bytes:
+    return agg._state_record(rid, rank, n, state)
+
+
+def test_stale_files_from_a_dead_job_are_ignored(roots):
+    """A dead job left an announcement, states (with lanes that would not match), acks, a
+    merged result and its leader key. The followers start first and adopt the stale
+    announcement; the new leader's announcement moves them over; nothing stale counts."""
+    root = roots.new()
+    n = 4
+    junk = roots.store(root)
+    dead = agg._Announcement("deadbeef0000-7", "deadbeef0000", 7, n)
+    junk.put(agg.ANNOUNCE_KEY, dead.encode())
+    junk.put(agg.GENERATION_KEY, dead.round_id.encode())
+    # Its leader's liveness key: expired, as a dead job's lease is.
+    lease = junk.keep_alive(agg.LEADER_KEY, f"{dead.session} rank=0 pid=1".encode(), 0.05)
+    lease._stopped.set()
+    lease._thread.join()
+    time.sleep(0.06)
+    for r in range(n):
+        wrong = make_state(r, n, 0)
+        wrong["lanes"] = [{"lane": 99}]  # would be a mapping mismatch if it were counted
+        junk.put(agg.state_key(r, n), _record(dead.round_id, r, n, wrong))
+        junk.put(agg.ack_key(r, n), dead.round_id.encode())
+    junk.put(agg.state_key(2, n), b"not a checkpoint at all")
+    junk.put(agg.merged_key(dead.round_id), b"junk")
+    junk.put(agg.failed_key("deadbeef0000-6"), b"junk")
+
+    aggs = make_aggs(roots, root, n, timeout_s=10.0)
+    states = [make_state(r, n, 3) for r in range(n)]
+    out = run_ranks(aggs, states, delays_s={0: 0.3})
+    results = [res for res, _ in out]
+    assert all(res == merge(states) for res in results), results
+    close_all(aggs)
+    left = set(roots.files(root))
+    # Keys the dead job left under names this job never uses stay; the rest was replaced.
+    assert left == {agg.merged_key(dead.round_id), agg.failed_key("deadbeef0000-6")}
+
+
+def test_stale_announcement_alone_does_not_make_followers_fail(local):
+    """Its leader key is long gone (expired): the followers wait for the real leader,
+    even one that comes later than a lease TTL."""
+    root = local.new()
+    n = 3
+    junk = local.store(root)
+    dead = agg._Announcement("feedface0000-2", "feedface0000", 2, n)
+    junk.put(agg.ANNOUNCE_KEY, dead.encode())
+    aggs = make_aggs(local, root, n, timeout_s=5.0, lease_ttl_s=0.2)
+    out = run_ranks(aggs, [make_state(r, n, 1) for r in range(n)], delays_s={0: 0.6})
+    assert all(isinstance(res, dict) for res, _ in out), out
+    close_all(aggs)
+
+
+def test_follower_fails_when_its_leader_vanishes(roots):
+    """The leader announced, then died without a notice (SIGKILL): its liveness key expires
+    and followers fail about a lease TTL later, naming the leader."""
+    root = roots.new()
+    n = 3
+    ttl = 0.4
+    leader_store = roots.store(root)
+    ann = agg._Announcement("cafe00000000-1", "cafe00000000", 1, n)
+    lease = leader_store.keep_alive(agg.LEADER_KEY, f"{ann.session} rank=0 pid=1".encode(), ttl)
+    leader_store.announce(agg.GENERATION_KEY, ann.round_id.encode())
+    leader_store.put(agg.ANNOUNCE_KEY, ann.encode())
+    aggs = make_aggs(roots, root, n, timeout_s=20.0, lease_ttl_s=ttl)
+
+    def die():
+        time.sleep(0.3)
+        lease._stopped.set()  # the refresher dies with the process; the key is not deleted
+        lease._thread.join()
+
+    killer = threading.Thread(target=die)
+    killer.start()
+    states: list[dict | None] = [None] + [make_state(r, n, 1) for r in range(1, n)]
+    out = run_ranks(aggs, states)
+    killer.join()
+    for r in (1, 2):
+        err, elapsed = out[r]
+        assert isinstance(err, AggregationError)
+        assert f"[rank={r}] the leader (rank 0) of round {ann.round_id} is gone" in str(err)
+        assert "did rank 0 die?" in str(err)
+        assert elapsed < 0.3 + 3 * ttl
+    for a in aggs[1:]:
+        a.close()
+
+
+def test_one_budget_for_the_whole_round(local):
+    """The leader is late and then slow to merge: the follower's budget counts from its own
+    call, so it fails at timeout_s, not timeout_s after the announcement."""
+    root = local.new()
+    n = 2
+
+    def slow_merge(states):
+        time.sleep(1.0)
+        return merge(states)
+
+    aggs = make_aggs(local, root, n, timeout_s=[2.0, 1.0], merge_fn=slow_merge)
+    out = run_ranks(aggs, [make_state(r, n, 1) for r in range(n)], delays_s={0: 0.5})
+    err, elapsed = out[1]
+    assert isinstance(err, AggregationError)
+    assert "[rank=1] checkpoint round" in str(err)
+    assert "timed out after 1 s waiting for the merged result from the leader (rank 0)" in str(err)
+    assert local.store(root).describe() in str(err)
+    assert 1.0 <= elapsed < 1.4
+    assert isinstance(out[0][0], dict)  # the leader publishes anyway; rank 1 never acks
+    close_all(aggs)
+
+
+def test_follower_without_a_leader_says_what_it_waited_for(local):
+    root = local.new()
+    aggs = make_aggs(local, root, 2, timeout_s=0.3)
+    out = run_ranks(aggs, [None, make_state(1, 2, 1)])
+    err, elapsed = out[1]
+    assert isinstance(err, AggregationError)
+    assert "waiting for the leader (rank 0) to announce a round in" in str(err)
+    assert "Has rank 0 called checkpoint() at this step?" in str(err)
+    assert 0.3 <= elapsed < 1.0
+    assert local.files(root) == []  # the follower removed its state
+
+
+def test_leader_abandoning_a_round_fails_its_followers(local):
+    """A follower still waiting on round k when its own leader announces round k+1."""
+    root = local.new()
+    n = 2
+    s = local.store(root)
+    ann1 = agg._Announcement("abcabc000000-1", "abcabc000000", 1, n)
+    s.put(agg.ANNOUNCE_KEY, ann1.encode())
+    follower = make_aggs(local, root, n, timeout_s=5.0)[1]
+
+    def move_on():
+        time.sleep(0.2)
+        s.put(agg.ANNOUNCE_KEY, agg._Announcement("abcabc000000-2", "abcabc000000", 2, n).encode())
+
+    t = threading.Thread(target=move_on)
+    t.start()
+    with pytest.raises(AggregationError, match="abandoned round abcabc000000-1"):
+        follower.round(make_state(1, n, 1))
+    t.join()
+
+
+# ----------------------------------------------------------------------------- API
+
+
+def test_constructor_validation(local):
+    s = local.store(local.new())
+    kw: dict[str, Any] = dict(timeout_s=1.0, expected_lanes=lambda r: [r], merge=merge)
+    with pytest.raises(ValueError, match="world_size must be an int >= 1"):
+        Aggregator(s, rank=0, world_size=0, **kw)
+    with pytest.raises(ValueError, match=r"rank must be an int in \[0, 2\)"):
+        Aggregator(s, rank=2, world_size=2, **kw)
+    with pytest.raises(ValueError, match="timeout_s must be > 0"):
+        Aggregator(s, rank=0, world_size=2, **{**kw, "timeout_s": 0})
+    with pytest.raises(ValueError, match="lease_ttl_s must be > 0"):
+        Aggregator(s, rank=0, world_size=2, lease_ttl_s=-1, **kw)
+
+
+def test_single_rank_round_and_close_is_idempotent(local):
+    root = local.new()
+    (a,) = make_aggs(local, root, 1)
+    st = make_state(0, 1, 4)
+    assert a.round(st) == merge([st])
+    assert a.round(st) == merge([st])
+    a.close()
+    a.close()
+    assert local.files(root) == []
+    with pytest.raises(AggregationError, match=r"\[rank=0\] round\(\) after close\(\)"):
+        a.round(st)
+
+
+def test_leader_logs_are_prefixed_with_the_rank(local, caplog):
+    root = local.new()
+    aggs = make_aggs(local, root, 2, timeout_s=0.2)
+    with caplog.at_level(logging.DEBUG, logger="zephon.checkpoint.aggregate"):
+        run_ranks(aggs, [make_state(0, 2, 1), None])
+    assert caplog.messages and all(m.startswith("[rank=0] ") for m in caplog.messages)
+    close_all(aggs)

@@ -1,0 +1,211 @@
+"""DirectoryStore (local path and fsspec memory://) and open_store."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import time
+import uuid
+
+import fsspec
+import pytest
+
+from zephon.checkpoint.aggregate import open_store
+from zephon.checkpoint.stores import DirectoryStore, StaleRoundError, Store
+from zephon.errors import AggregationError
+
+
+@pytest.fixture(params=["local", "memory"])
+def store(request, tmp_path):
+    if request.param == "local":
+        s = DirectoryStore(tmp_path, "ns")
+        yield s
+        s.close()
+    else:
+        root = f"memory://zephon-store-{uuid.uuid4().hex}"
+        s = DirectoryStore(root, "ns")
+        yield s
+        s.close()
+        fsspec.filesystem("memory").rm(root.removeprefix("memory://"), recursive=True)
+
+
+def test_is_a_store(store):
+    assert isinstance(store, Store)
+    assert store.poll_interval_s > 0
+    assert store.poll_max_interval_s >= store.poll_interval_s
+
+
+def test_put_get_delete(store):
+    assert store.get("k") is None
+    store.put("k", b"one")
+    assert store.get("k") == b"one"
+    store.put("k", b"two")
+    assert store.get("k") == b"two"
+    store.put("empty", b"")
+    assert store.get("empty") == b""
+    store.delete("k")
+    assert store.get("k") is None
+    store.delete("k")  # absent is fine
+
+
+@pytest.mark.parametrize("key", ["", ".hidden", "a/b", "../x", "k.commit", "sp ace", "x" * 201])
+def test_bad_keys_are_refused(store, key):
+    with pytest.raises(ValueError, match="store key must match"):
+        store.put(key, b"v")
+
+
+def test_bad_namespace_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="namespace must match"):
+        DirectoryStore(tmp_path, "a/b")
+
+
+def test_local_keys_are_files_in_root_namespace(tmp_path):
+    s = DirectoryStore(tmp_path, "job7")
+    s.put("process_0-of-2", b"x")
+    assert (tmp_path / "job7" / "process_0-of-2").read_bytes() == b"x"
+    assert s.describe() == str(tmp_path / "job7")
+    s.delete("process_0-of-2")
+    assert os.listdir(tmp_path / "job7") == []
+
+
+def test_file_url_is_a_local_path(tmp_path):
+    s = DirectoryStore(f"file://{tmp_path}", "ns")
+    s.put("k", b"v")
+    assert (tmp_path / "ns" / "k").read_bytes() == b"v"
+    assert s.poll_interval_s == 0.001
+
+
+def test_fsync_option_writes_the_same(tmp_path):
+    s = DirectoryStore(tmp_path, "ns", fsync=True)
+    s.put("k", b"v")
+    assert s.get("k") == b"v"
+    assert sorted(os.listdir(tmp_path / "ns")) == ["k"]  # no temp file left
+
+
+def test_fsspec_value_without_its_commit_marker_reads_as_absent():
+    root = f"memory://zephon-marker-{uuid.uuid4().hex}"
+    s = DirectoryStore(root, "ns")
+    fs = fsspec.filesystem("memory")
+    base = root.removeprefix("memory://") + "/ns"
+    fs.pipe_file(f"{base}/k", b"data written, marker not yet")
+    assert s.get("k") is None
+    s.put("k", b"committed")
+    assert fs.cat_file(f"{base}/k.commit").startswith(b"9:")
+    assert s.get("k") == b"committed"
+    # A new data object under the old marker (a write in progress) is not trusted.
+    fs.pipe_file(f"{base}/k", b"newer")
+    assert s.get("k") is None
+    s.delete("k")
+    assert fs.find(base) == []
+    assert s.describe() == f"memory://{base.lstrip('/')}"
+    assert s.poll_interval_s == 0.05 and s.poll_max_interval_s == 5.0
+
+
+def test_fence_refuses_a_stale_announcement(store):
+    """Announce round A, then B: a late publish fenced on A is refused."""
+    fence_a = store.announce("generation", b"round-A")
+    store.put("merged-A", b"ok", fence=fence_a)  # still current
+    fence_b = store.announce("generation", b"round-B")
+    with pytest.raises(StaleRoundError, match="'generation'.*announced again") as info:
+        store.put("merged-A", b"late", fence=fence_a)
+    assert isinstance(info.value, AggregationError)
+    assert store.get("merged-A") == b"ok"
+    store.put("merged-B", b"fine", fence=fence_b)
+    assert store.get("merged-B") == b"fine"
+    store.delete("generation")
+    with pytest.raises(StaleRoundError):
+        store.put("merged-B", b"after close", fence=fence_b)
+
+
+def test_fence_must_come_from_announce(store):
+    with pytest.raises(TypeError, match="fence must come from"):
+        store.put("k", b"v", fence=123)
+
+
+def test_keep_alive_put_and_stop_deletes(store):
+    lease = store.keep_alive("leader", b"round-1 pid=1", 5.0)
+    assert store.get("leader") == b"round-1 pid=1"
+    lease.stop()
+    lease.stop()  # idempotent
+    assert store.get("leader") is None
+
+
+def test_keep_alive_refreshes_and_expires_after_the_holder_stops(store):
+    lease = store.keep_alive("leader", b"alive", 0.3)
+    time.sleep(0.5)  # past the TTL: only the refresher keeps it
+    assert store.get("leader") == b"alive"
+    assert not lease.lost
+    # The holder "dies": the refresher stops without deleting the key.
+    lease._stopped.set()
+    lease._thread.join()
+    assert store.get("leader") == b"alive"
+    time.sleep(0.35)
+    assert store.get("leader") is None
+    assert lease.lost  # had the holder only been paused, it would know
+
+
+def test_close_stops_leases(store):
+    store.keep_alive("a", b"1", 5.0)
+    store.keep_alive("b", b"2", 5.0)
+    store.close()
+    assert store.get("a") is None and store.get("b") is None
+
+
+def test_value_that_looks_like_a_lease_frame_round_trips(store):
+    tricky = b"ZLEASE01" + b"\x00" * 8 + b"payload"
+    store.put("k", tricky)
+    assert store.get("k") == tricky
+
+
+# ------------------------------------------------------------------------------ open_store
+
+
+def test_open_store_directory_and_url(tmp_path):
+    s = open_store(str(tmp_path), namespace="run1")
+    assert isinstance(s, DirectoryStore) and s.describe() == str(tmp_path / "run1")
+    m = open_store(f"memory://zephon-open-{uuid.uuid4().hex}")
+    assert isinstance(m, DirectoryStore) and m.describe().startswith("memory://")
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{}, {"aggregate_dir": "/tmp/x", "aggregate_store": "etcd://127.0.0.1:2379"}]
+)
+def test_open_store_needs_exactly_one(kwargs):
+    with pytest.raises(ValueError, match="give exactly one of aggregate_dir"):
+        open_store(**kwargs)
+
+
+@pytest.mark.parametrize("url", ["redis://h:1", "etcd:h:1", "/some/dir"])
+def test_open_store_unknown_scheme(url):
+    with pytest.raises(ValueError, match="aggregate_store must be 'etcd://"):
+        open_store(aggregate_store=url)
+
+
+def test_open_store_etcd_needs_an_endpoint():
+    with pytest.raises(ValueError, match="names no etcd endpoint"):
+        open_store(aggregate_store="etcd://")
+
+
+def test_open_store_passes_endpoints_and_namespace():
+    store = open_store(aggregate_store="etcd://10.0.0.1:2379, 10.0.0.2:2379", namespace="job")
+    assert store.describe() == "etcd://10.0.0.1:2379,10.0.0.2:2379"
+    assert store.namespace == "job/"
+    named = open_store(aggregate_store="etcd://10.0.0.1:2379/other", namespace="job")
+    assert named.namespace == "other/", "a namespace in the URL wins"
+
+
+@pytest.mark.parametrize(
+    ("url", "module"),
+    [("etcd://h:1", "etcd"), ("jax://", "jax_store"), ("torch://", "torch_store")],
+)
+def test_open_store_missing_backend_is_a_clear_import_error(monkeypatch, url, module):
+    real = importlib.import_module
+
+    def fake_import(name, *args):
+        if name == f"zephon.checkpoint.stores.{module}":
+            raise ModuleNotFoundError(f"No module named {name!r}")
+        return real(name, *args)
+
+    monkeypatch.setattr(importlib, "import_module", fake_import)
+    with pytest.raises(ImportError, match=rf"aggregate_store='{url}' needs .*{module}.*install"):
+        open_store(aggregate_store=url)

@@ -1,0 +1,301 @@
+"""A :class:`~zephon.checkpoint.stores.base.Store` over a shared directory or an fsspec URL.
+
+Every key is one file under ``root/namespace``. Two ways to make a put atomic:
+
+* a local (or network-mounted) path: a temp file in the same directory, then a rename, so
+  a reader sees the old value or the new one, never a prefix (``fsync=True`` adds the
+  fsyncs of :func:`atomic_write_bytes`);
+* an fsspec URL (object storage has no rename): the data object first, then a small commit
+  marker ``{key}.commit`` holding the data's length and sha256. ``get`` returns None unless
+  the marker is there *and* matches the data, so a torn or in-progress write reads as absent.
+
+Fencing is best effort: ``announce`` returns the announced bytes as the token and a fenced
+``put`` re-reads the key and compares, which leaves a window between the check and the write.
+Real fencing (a transaction on the key's revision) needs etcd.
+
+Leases are emulated: ``keep_alive`` writes the value framed with an expiry (wall clock) and a
+background thread rewrites it every ``ttl_s / 3``; ``get`` reads an expired value as absent.
+A SIGKILLed holder therefore disappears ``ttl_s`` later, provided the hosts sharing the
+directory agree on the time to well within ``ttl_s`` (NTP).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import math
+import os
+import re
+import struct
+import threading
+import time
+from typing import Any
+
+from zephon.checkpoint.atomic import atomic_write_bytes, temp_path
+from zephon.checkpoint.stores.base import StaleRoundError
+
+__all__ = ["DirectoryStore"]
+
+# Keys are plain file names: no separators, no leading dot (temp files start with one), and
+# nothing ending in the commit marker's suffix.
+_KEY = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,199}")
+_COMMIT = ".commit"
+_LEASE_MAGIC = b"ZLEASE01"
+_LEASE_HEADER = struct.Struct("<8sd")  # magic, expiry (unix seconds; inf = never)
+
+
+class _Fence:
+    """What ``announce`` returns: the key and the exact bytes it announced."""
+
+    __slots__ = ("key", "value")
+
+    def __init__(self, key: str, value: bytes) -> None:
+        self.key = key
+        self.value = value
+
+    def __repr__(self) -> str:
+        return f"_Fence(key={self.key!r}, {len(self.value)} bytes)"
+
+
+class _Lease:
+    """A ``keep_alive`` handle: refreshes the key until ``stop()``, which deletes it."""
+
+    def __init__(self, store: DirectoryStore, key: str, value: bytes, ttl_s: float) -> None:
+        self._store = store
+        self._key = key
+        self._value = value
+        self._ttl_s = ttl_s
+        self._stopped = threading.Event()
+        self._lock = threading.Lock()
+        self._expiry = 0.0
+        self._lost = False
+        self._refresh()
+        self._thread = threading.Thread(target=self._run, name=f"zephon-lease-{key}", daemon=True)
+        self._thread.start()
+
+    @property
+    def lost(self) -> bool:
+        """True once the key may have expired under its holder (it was not refreshed in
+        time: the process was paused, or the directory unwritable); stays True."""
+        if not self._lost and time.time() > self._expiry:
+            self._lost = True
+        return self._lost
+
+    def _refresh(self) -> None:
+        expiry = time.time() + self._ttl_s
+        self._store._write(self._key, _LEASE_HEADER.pack(_LEASE_MAGIC, expiry) + self._value)
+        self._expiry = expiry
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self._ttl_s / 3):
+            with self._lock:
+                if self._stopped.is_set():
+                    return
+                _ = self.lost  # notice a lapse before refreshing hides it
+                try:
+                    self._refresh()
+                except Exception:
+                    pass  # a missed refresh is retried; ttl_s covers two of them
+
+    def stop(self) -> None:
+        """Stop refreshing and delete the key; idempotent."""
+        with self._lock:
+            if self._stopped.is_set():
+                return
+            self._stopped.set()
+        self._thread.join()
+        self._store.delete(self._key)
+
+
+class DirectoryStore:
+    """Keys as files under ``root/namespace``; ``root`` is a path or an fsspec URL.
+
+    Args:
+        root: a local or shared-filesystem directory, or an fsspec URL (``s3://bucket/dir``,
+            ``memory://name``); ``file://`` URLs are treated as local paths.
+        namespace: a subdirectory of ``root``; ranks of one job must agree on it, and two
+            jobs running at once must not share it.
+        fsync: local paths only: also fsync each written file and the directory, making
+            every key durable against a power cut. Off by default: coordination keys only
+            need the rename's atomicity (a round does not survive a reboot, and what one
+            leaves behind reads as stale or unreadable and is ignored), and the fsyncs
+            would triple a round's latency. The merged state a round returns is saved
+            durably by the caller (``zephon.save``).
+    """
+
+    def __init__(
+        self, root: str | os.PathLike[str], namespace: str = "zephon", *, fsync: bool = False
+    ) -> None:
+        root = os.fspath(root)
+        if not _KEY.fullmatch(namespace):
+            raise ValueError(
+                f"namespace must match {_KEY.pattern} (a plain directory name); got {namespace!r}"
+            )
+        if root.startswith("file://"):
+            root = root[len("file://") :]
+        self._root = root
+        self._namespace = namespace
+        self._fsync = fsync
+        self._fs: Any = None
+        if "://" in root:
+            import fsspec
+
+            self._fs, base = fsspec.core.url_to_fs(root)
+            self._base = f"{base.rstrip('/')}/{namespace}"
+            self._fs.makedirs(self._base, exist_ok=True)
+            self.poll_interval_s = 0.05
+            self.poll_max_interval_s = 5.0
+        else:
+            self._base = os.path.join(os.path.abspath(root), namespace)
+            os.makedirs(self._base, exist_ok=True)
+            self.poll_interval_s = 0.001
+            self.poll_max_interval_s = 0.005
+        self._leases: list[_Lease] = []
+        self._leases_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"DirectoryStore({self.describe()!r})"
+
+    # ------------------------------------------------------------------------- Store
+
+    def put(self, key: str, value: bytes, *, fence: Any = None) -> None:
+        """Atomically create or replace ``key``.
+
+        Raises:
+            StaleRoundError: ``fence`` is given and its key no longer holds the value that
+                ``announce`` wrote (a newer round was announced).
+        """
+        self._check_key(key)
+        if fence is not None:
+            if not isinstance(fence, _Fence):
+                raise TypeError(f"fence must come from this store's announce(); got {fence!r}")
+            current = self.get(fence.key)
+            if current != fence.value:
+                raise StaleRoundError(
+                    f"fenced write of {key!r} refused: {fence.key!r} in {self.describe()} was"
+                    " announced again (or removed) since this round announced it"
+                )
+        if value[: len(_LEASE_MAGIC)] == _LEASE_MAGIC:
+            # A plain value that happens to look like a lease frame: wrap it in one that
+            # never expires, so get() unwraps it back to exactly ``value``.
+            value = _LEASE_HEADER.pack(_LEASE_MAGIC, math.inf) + value
+        self._write(key, value)
+
+    def get(self, key: str) -> bytes | None:
+        """The value, or None when absent (an uncommitted or expired one counts as absent)."""
+        self._check_key(key)
+        data = self._read(key)
+        if data is None or data[: len(_LEASE_MAGIC)] != _LEASE_MAGIC:
+            return data
+        if len(data) < _LEASE_HEADER.size:
+            return None
+        _, expiry = _LEASE_HEADER.unpack_from(data)
+        if time.time() > expiry:
+            return None
+        return data[_LEASE_HEADER.size :]
+
+    def delete(self, key: str) -> None:
+        """Remove ``key``; absent is fine."""
+        self._check_key(key)
+        path = self._path(key)
+        if self._fs is None:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+            return
+        for p in (path + _COMMIT, path):  # marker first: a reader never trusts stale data
+            try:
+                self._fs.rm_file(p)
+            except FileNotFoundError:
+                pass
+
+    def announce(self, key: str, value: bytes) -> _Fence:
+        """Put ``key``; the returned fence lets ``put`` check that it is still current.
+
+        ``value`` must be unique per announcement (a round id is).
+        """
+        self.put(key, value)
+        return _Fence(key, bytes(value))
+
+    def keep_alive(self, key: str, value: bytes, ttl_s: float) -> _Lease:
+        """Put ``key`` and refresh it every ``ttl_s / 3`` until the handle's ``stop()``.
+
+        After ``stop()`` the key is gone; after the holder's death it reads as absent
+        ``ttl_s`` later.
+        """
+        self._check_key(key)
+        if not ttl_s > 0:
+            raise ValueError(f"ttl_s must be > 0; got {ttl_s!r}")
+        lease = _Lease(self, key, bytes(value), float(ttl_s))
+        with self._leases_lock:
+            self._leases = [x for x in self._leases if not x._stopped.is_set()]
+            self._leases.append(lease)
+        return lease
+
+    def describe(self) -> str:
+        if self._fs is None:
+            return self._base
+        protocol = self._fs.protocol
+        protocol = protocol[0] if isinstance(protocol, tuple | list) else protocol
+        return f"{protocol}://{self._base.lstrip('/')}"
+
+    def close(self) -> None:
+        """Stop (and delete) every lease still held; the files of other keys stay."""
+        with self._leases_lock:
+            leases, self._leases = self._leases, []
+        for lease in leases:
+            lease.stop()
+
+    # ------------------------------------------------------------------------- files
+
+    def _check_key(self, key: str) -> None:
+        if not _KEY.fullmatch(key) or key.endswith(_COMMIT):
+            raise ValueError(
+                f"store key must match {_KEY.pattern} and not end in {_COMMIT!r}; got {key!r}"
+            )
+
+    def _path(self, key: str) -> str:
+        if self._fs is None:
+            return os.path.join(self._base, key)
+        return f"{self._base}/{key}"
+
+    def _write(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        if self._fs is None:
+            if self._fsync:
+                atomic_write_bytes(path, data)
+            else:
+                tmp = temp_path(path)
+                try:
+                    with open(tmp, "xb") as f:
+                        f.write(data)
+                    os.replace(tmp, path)
+                except BaseException:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(tmp)
+                    raise
+            return
+        self._fs.pipe_file(path, data)
+        self._fs.pipe_file(path + _COMMIT, _marker(data))
+
+    def _read(self, key: str) -> bytes | None:
+        path = self._path(key)
+        if self._fs is None:
+            try:
+                with open(path, "rb") as f:
+                    return f.read()
+            except FileNotFoundError:
+                return None
+        # Marker first, then data: a value whose marker describes other bytes is a write in
+        # progress (or one that died half way) and reads as absent.
+        try:
+            marker = self._fs.cat_file(path + _COMMIT)
+            data = self._fs.cat_file(path)
+        except FileNotFoundError:
+            return None
+        return bytes(data) if marker == _marker(data) else None
+
+
+def _marker(data: bytes) -> bytes:
+    return b"%d:" % len(data) + hashlib.sha256(data).hexdigest().encode()

@@ -1,0 +1,215 @@
+"""The JAX backend of the aggregation store: ``aggregate_store="jax://"``.
+
+It uses the key-value store of the coordination service that ``jax.distributed.initialize``
+already runs (``jax._src.distributed.global_state.client``, a ``DistributedRuntimeClient``):
+``key_value_set_bytes(key, value, allow_overwrite=True)``, ``key_value_try_get_bytes`` (which
+raises ``NOT_FOUND`` for an absent key: mapped to None), ``key_value_delete``. Nothing blocks:
+``get`` never waits for a key, the round protocol polls.
+
+Quirks handled here:
+
+* ``key_value_delete("a")`` also deletes every ``"a/..."`` key (the service's keys form a
+  directory tree). The protocol's keys nest (``round`` and ``round/...`` may both exist), so
+  every key is stored with a ``"#"`` suffix: ``"a#"`` and ``"a/b#"`` are never parent and
+  child.
+* Without ``allow_overwrite=True`` a second set raises ``ALREADY_EXISTS``.
+* The service has no practical value-size limit (hundreds of MiB went through in testing),
+  no leases and no compare-and-set: ``announce`` returns None (no fencing) and
+  ``keep_alive`` puts plainly, returning a handle whose ``stop()`` deletes the key. A dead
+  leader is noticed through the failure notice, the round's time budget, and JAX's own
+  heartbeat, which ends a job whose task died.
+* The client has no per-request timeout: a SIGSTOPped coordinator blocked
+  ``key_value_try_get_bytes`` for over 40 s in testing. Every call therefore runs on a
+  daemon worker thread and the caller waits at most ``request_timeout_s``; a call that
+  overruns raises ``AggregationError`` naming the coordinator and its thread is abandoned
+  (a new one serves the next call). Errors the service returns (``JaxRuntimeError``) are
+  mapped to ``AggregationError`` too.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from zephon.errors import AggregationError
+
+DEFAULT_NAMESPACE = "zephon/"
+DEFAULT_REQUEST_TIMEOUT_S = 5.0
+_KEY_SUFFIX = "#"
+
+
+def _coordination_client() -> tuple[Any, str]:
+    try:
+        from jax._src import distributed
+    except ImportError as e:
+        raise AggregationError(
+            "aggregate_store='jax://' needs JAX: pip install 'zephon[jax]'"
+        ) from e
+    state = distributed.global_state
+    if state.client is None:
+        raise AggregationError(
+            "aggregate_store='jax://' uses the jax.distributed coordination service, but "
+            "jax.distributed is not initialised in this process; call "
+            "jax.distributed.initialize(...) before building the Pipeline, or use "
+            "aggregate_dir= or aggregate_store='etcd://...'"
+        )
+    where = f"jax://{state.coordinator_address} (process {state.process_id})"
+    return state.client, where
+
+
+class _Worker:
+    """A daemon thread that runs client calls, so one stuck on a stalled coordinator can
+    be abandoned (daemon: it never blocks interpreter exit)."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._loop, name="zephon-jax-store", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            fn, box, done = item
+            try:
+                box.append((True, fn()))
+            except BaseException as e:
+                box.append((False, e))
+            done.set()
+
+    def run(self, fn: Callable[[], Any], timeout_s: float) -> Any:
+        box: list[tuple[bool, Any]] = []
+        done = threading.Event()
+        self._queue.put((fn, box, done))
+        if not done.wait(timeout_s):
+            raise TimeoutError
+        ok, value = box[0]
+        if ok:
+            return value
+        raise value
+
+    def abandon(self) -> None:
+        self._queue.put(None)
+
+
+class _PlainHandle:
+    """``keep_alive`` without leases: stop() deletes the key."""
+
+    def __init__(self, store: JaxStore, key: str) -> None:
+        self.key = key
+        self.lost = False
+        self._store = store
+        self._stopped = False
+
+    def stop(self) -> None:
+        if not self._stopped:
+            self._stopped = True
+            self._store.delete(self.key)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(key={self.key!r})"
+
+
+class JaxStore:
+    """A :class:`~zephon.checkpoint.stores.base.Store` over the JAX coordination service.
+
+    Args:
+        client: a ``DistributedRuntimeClient``; by default the one ``jax.distributed``
+            initialised in this process (an ``AggregationError`` when there is none).
+        namespace: prefix of every key this store touches.
+        request_timeout_s: the longest one call may take before it is an error.
+        poll_interval_s: how often the round protocol re-reads a key it waits for.
+    """
+
+    def __init__(
+        self,
+        client: Any = None,
+        *,
+        namespace: str = DEFAULT_NAMESPACE,
+        request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+        poll_interval_s: float = 0.01,
+    ) -> None:
+        if request_timeout_s <= 0:
+            raise ValueError(f"request_timeout_s must be > 0; got {request_timeout_s}")
+        if client is None:
+            client, where = _coordination_client()
+        else:
+            where = "jax://<given client>"
+        self._client = client
+        self._where = where
+        # "job7" and "job7/" are the same namespace (open_store passes the former)
+        self.namespace = namespace if not namespace or namespace.endswith("/") else namespace + "/"
+        self.request_timeout_s = float(request_timeout_s)
+        self.poll_interval_s = float(poll_interval_s)
+        self._worker = _Worker()
+
+    @classmethod
+    def from_url(cls, url: str, **kwargs: Any) -> JaxStore:
+        """``"jax://"`` or ``"jax:///namespace"``."""
+        if not url.startswith("jax://"):
+            raise ValueError(
+                f"a JAX aggregate_store is 'jax://' or 'jax:///namespace'; got {url!r}"
+            )
+        rest = url[len("jax://") :].strip("/")
+        if rest:
+            kwargs.setdefault("namespace", rest + "/")
+        return cls(**kwargs)
+
+    def __repr__(self) -> str:
+        return f"JaxStore({self._where!r}, namespace={self.namespace!r})"
+
+    def describe(self) -> str:
+        return self._where
+
+    def _key(self, key: str) -> str:
+        return self.namespace + key + _KEY_SUFFIX
+
+    def _call(self, what: str, fn: Callable[[], Any], absent: Any = None) -> Any:
+        """``fn()`` on the worker within ``request_timeout_s``; NOT_FOUND -> ``absent``."""
+        try:
+            return self._worker.run(fn, self.request_timeout_s)
+        except TimeoutError:
+            self._worker.abandon()
+            self._worker = _Worker()
+            raise AggregationError(
+                f"{what}: {self._where} did not answer within {self.request_timeout_s:g} s "
+                f"(is the coordinator, process 0, stalled?); raise request_timeout_s if it "
+                f"is just slow"
+            ) from None
+        except RuntimeError as e:  # JaxRuntimeError
+            text = str(e)
+            if text.startswith("NOT_FOUND"):
+                return absent
+            first_line = text.splitlines()[0] if text else type(e).__name__
+            raise AggregationError(f"{what} failed on {self._where}: {first_line}") from e
+
+    def put(self, key: str, value: bytes, *, fence: Any = None) -> None:
+        # fence: announce() returns None here, so there is nothing to check
+        k, v = self._key(key), bytes(value)
+        self._call(
+            f"put {key!r}", lambda: self._client.key_value_set_bytes(k, v, allow_overwrite=True)
+        )
+
+    def get(self, key: str) -> bytes | None:
+        k = self._key(key)
+        value = self._call(f"get {key!r}", lambda: self._client.key_value_try_get_bytes(k))
+        return None if value is None else bytes(value)
+
+    def delete(self, key: str) -> None:
+        k = self._key(key)
+        self._call(f"delete {key!r}", lambda: self._client.key_value_delete(k))
+
+    def announce(self, key: str, value: bytes) -> None:
+        self.put(key, value)
+        return None
+
+    def keep_alive(self, key: str, value: bytes, ttl_s: float) -> _PlainHandle:
+        self.put(key, value)
+        return _PlainHandle(self, key)
+
+    def close(self) -> None:
+        """Stops the worker thread; the coordination service belongs to jax.distributed."""
+        self._worker.abandon()
