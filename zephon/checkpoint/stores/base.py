@@ -80,6 +80,16 @@ class Store(Protocol):
     def close(self) -> None: ...
 
 
+def get_many(store: Store, keys: list[str]) -> list[bytes | None]:
+    """Several gets at once: one request where the backend offers ``get_many`` (etcd: one
+    transaction), else one get per key. Rounds poll many keys per step, and on a busy host
+    the number of requests, not their size, is what a round costs."""
+    batched = getattr(store, "get_many", None)
+    if batched is not None:
+        return list(batched(keys))
+    return [store.get(k) for k in keys]
+
+
 def poll_delays(first_s: float, cap_s: float = 5.0, factor: float = 1.6) -> Iterator[float]:
     """Exponential backoff: first_s, first_s*1.6, ... capped at ``cap_s`` (forever)."""
     d = first_s

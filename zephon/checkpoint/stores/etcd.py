@@ -206,7 +206,8 @@ class EtcdStore:
         namespace: prefix of every key this store touches.
         request_timeout_s: the limit on each HTTP request (connect and each read).
         part_size_bytes: values larger than this are split into parts of this size.
-        poll_interval_s: how often the round protocol re-reads a key it waits for.
+        poll_interval_s: how often the round protocol first re-reads a key it waits for.
+        poll_max_interval_s: the longest it backs off to between re-reads.
     """
 
     def __init__(
@@ -216,7 +217,8 @@ class EtcdStore:
         namespace: str = DEFAULT_NAMESPACE,
         request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
         part_size_bytes: int = DEFAULT_PART_SIZE_BYTES,
-        poll_interval_s: float = 0.01,
+        poll_interval_s: float = 0.002,
+        poll_max_interval_s: float = 0.02,
     ) -> None:
         if isinstance(endpoints, str):
             endpoints = [endpoints]
@@ -234,7 +236,10 @@ class EtcdStore:
         self.namespace = namespace if not namespace or namespace.endswith("/") else namespace + "/"
         self.request_timeout_s = float(request_timeout_s)
         self.part_size_bytes = int(part_size_bytes)
+        # Start polling fast (a round's steps follow each other within milliseconds) and back
+        # off, so that waiting ranks do not flood the server while a slow rank catches up.
         self.poll_interval_s = float(poll_interval_s)
+        self.poll_max_interval_s = float(poll_max_interval_s)
         self._conn = _Connection(parsed, self.request_timeout_s)
         self._lock = threading.Lock()  # the store may be shared by a rank's threads
         self._handles: list[EtcdLease] = []
@@ -280,16 +285,11 @@ class EtcdStore:
             if not kvs:
                 return None
             raw = _unb64(kvs[0].get("value"))
-            tag, body = raw[:1], raw[1:]
-            if tag == _TAG_INLINE:
-                return body
-            if tag != _TAG_MANIFEST:
-                raise AggregationError(
-                    f"key {key!r} in {self.describe()} holds a value not written by Zephon "
-                    f"(first byte {raw[:1]!r}); is another tool using namespace "
-                    f"{self.namespace!r}?"
-                )
-            value = self._read_parts(key, json.loads(body), int(result["header"]["revision"]))
+            if raw[:1] == _TAG_INLINE:
+                return raw[1:]
+            value = self._read_parts(
+                key, self._manifest(key, raw), int(result["header"]["revision"])
+            )
             if value is not None:
                 return value
             # the parts were compacted away under us: the key was overwritten; read again
@@ -297,6 +297,36 @@ class EtcdStore:
             f"could not read the parts of {key!r} from {self.describe()} after "
             f"{_PART_READ_RETRIES} tries: it is being overwritten faster than it can be read"
         )
+
+    def get_many(self, keys: list[str]) -> list[bytes | None]:
+        """Several keys in one request (a transaction of range reads, one revision)."""
+        if not keys:
+            return []
+        txn = {
+            "compare": [],
+            "success": [{"request_range": {"key": _b64(self._key(k))}} for k in keys],
+            "failure": [],
+        }
+        result = self._call("/kv/txn", txn, f"get {len(keys)} keys")
+        out: list[bytes | None] = []
+        for key, resp in zip(keys, result.get("responses") or [], strict=True):
+            kvs = resp.get("response_range", {}).get("kvs") or []
+            if not kvs:
+                out.append(None)
+                continue
+            raw = _unb64(kvs[0].get("value"))
+            # split values are rare (over 1 MiB): read those on their own
+            out.append(raw[1:] if raw[:1] == _TAG_INLINE else self.get(key))
+        return out
+
+    def _manifest(self, key: str, raw: bytes) -> dict[str, Any]:
+        if raw[:1] != _TAG_MANIFEST:
+            raise AggregationError(
+                f"key {key!r} in {self.describe()} holds a value not written by Zephon "
+                f"(first byte {raw[:1]!r}); is another tool using namespace "
+                f"{self.namespace!r}?"
+            )
+        return json.loads(raw[1:])
 
     def delete(self, key: str) -> None:
         result = self._call(
