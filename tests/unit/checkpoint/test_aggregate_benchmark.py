@@ -12,9 +12,11 @@ def test_round_latency_quick(tmp_path, capsys):
         round_latency.main(["--quick", "--threads", "--rounds", "2", "--results", str(tmp_path)])
         == 0
     )
-    assert "Checkpoint round latency over a local directory" in capsys.readouterr().out
+    assert "Checkpoint round latency" in capsys.readouterr().out
     rows = json.loads((tmp_path / "round_latency.json").read_text())["rows"]
-    assert [r["ranks"] for r in rows] == [2, 4, 8]
+    assert [(r["store"], r["ranks"]) for r in rows] == [
+        (store, n) for store in ("directory", "etcd") for n in (2, 4, 8)
+    ]
     assert all(0 < r["median ms"] <= r["max ms"] for r in rows)
 
 
