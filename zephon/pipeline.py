@@ -141,6 +141,7 @@ class Pipeline:
         self._engine: Engine | None = None
         self._last_checkpoint_bytes = 0
         self._agg: Any = None
+        self._fingerprint: str | None = None
 
     # ------------------------------------------------------------- builder
     def apply(self, op: Operator) -> Pipeline:
@@ -152,6 +153,7 @@ class Pipeline:
         new._plan = None
         new._engine = None
         new._agg = None
+        new._fingerprint = None
         return new
 
     def fetch(self, parallelism: int = 1) -> Pipeline:
@@ -232,6 +234,11 @@ class Pipeline:
 
     def fingerprint(self) -> str:
         """A hash of the pipeline definition that a checkpoint must match to be restored."""
+        if self._fingerprint is None:
+            self._fingerprint = self._compute_fingerprint()
+        return self._fingerprint
+
+    def _compute_fingerprint(self) -> str:
         plan = self._compiled()
         config = (
             self.source.config()
