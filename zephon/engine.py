@@ -43,6 +43,8 @@ class _Failure:
 class LocalExecutor:
     """Runs the chain in this process (``workers=0``); pulls feed units on demand."""
 
+    prefetches = False  # the engine's pump thread runs it ahead
+
     def __init__(self, plan: Plan) -> None:
         cap = max(op.parallelism for op in plan.ops)
         self.pool = ThreadPoolExecutor(cap, thread_name_prefix="zephon-op") if cap > 1 else None
@@ -188,7 +190,9 @@ class Engine:
         self.started = True
         self.executor.start(self)
         self._gen = self._produce()
-        if self.prefetch > 0:
+        # Worker processes already run ahead into their rings, which hold the prefetched
+        # batches; a pump thread on top would only add a queue handoff per batch.
+        if self.prefetch > 0 and not self.executor.prefetches:
             self._thread = threading.Thread(target=self._pump, name="zephon-pump", daemon=True)
             self._thread.start()
 

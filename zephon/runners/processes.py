@@ -512,6 +512,8 @@ def _register_atexit() -> None:
 class ProcessExecutor:
     """Parent side of the worker pool: the feeder thread, the rings, fault detection."""
 
+    prefetches = True  # workers run ahead into their rings (nslots >= prefetch + 2)
+
     def __init__(
         self,
         plan: Any,
