@@ -109,13 +109,36 @@ def demo(args: argparse.Namespace) -> int:
     print(
         f"  resumed run         steps {crash}..{args.steps - 1} compared with the uninterrupted run"
     )
-    if same:
+    if not same:
+        print(f"  FAILED: batch {mismatch} differs from the uninterrupted run", file=sys.stderr)
+        return 1
+    print(f"  PROOF: all {args.steps} batches identical bit for bit (sha256 of the stream {whole})")
+    if args.no_train:
+        return 0
+    return _train_demo(args)
+
+
+def _train_demo(args: argparse.Namespace) -> int:
+    """The main job: a small JAX transformer trained on that pipeline, SIGKILLed mid-run,
+    resumed from its Orbax checkpoint; the loss curves must be identical."""
+    import importlib.util
+
+    missing = [
+        m for m in ("jax", "optax", "orbax", "matplotlib") if importlib.util.find_spec(m) is None
+    ]
+    if missing:
         print(
-            f"  PROOF: all {args.steps} batches identical bit for bit (sha256 of the stream {whole})"
+            f"\n(the training part of the demo needs {', '.join(missing)}: pip install 'zephon[jax]')"
         )
         return 0
-    print(f"  FAILED: batch {mismatch} differs from the uninterrupted run", file=sys.stderr)
-    return 1
+    from zephon.demo.train_lm import run_demo  # runs JAX in subprocesses, not in this one
+
+    workdir = args.workdir or tempfile.mkdtemp(prefix="zephon-demo-train-")
+    print(f"\nTraining a small JAX transformer on that pipeline in {workdir}:")
+    ok = run_demo(
+        workdir, steps=args.train_steps, crash_at=None, workers=args.workers, out_png=args.png
+    )
+    return 0 if ok else 1
 
 
 def inspect(args: argparse.Namespace) -> int:
@@ -161,6 +184,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     d.add_argument("--explain", action="store_true", help="print the compiled stages")
     d.add_argument("--quiet", action="store_true", help="no progress bars")
+    d.add_argument("--no-train", action="store_true", help="only the pipeline proof, no JAX")
+    d.add_argument("--train-steps", type=int, default=200, help="steps of the JAX training run")
+    d.add_argument("--workdir", default=None, help="where training writes (default: a temp dir)")
+    d.add_argument("--png", default=None, help="loss plot (default: WORKDIR/losses.png)")
     d.set_defaults(fn=demo)
     i = sub.add_parser("inspect", help="print what a checkpoint file holds")
     i.add_argument("path")

@@ -303,6 +303,11 @@ class Pipeline:
         the ranks run one checkpoint round and all return the same merged state, covering
         every lane. Without them a rank returns the state of its own lanes.
         """
+        return self.aggregate(self.local_checkpoint())
+
+    def local_checkpoint(self) -> dict[str, Any]:
+        """This rank's own state at its last delivered batch, without a checkpoint round
+        (cheap; what :meth:`checkpoint` merges across ranks)."""
         plan = self._compiled()
         topo = self._topology
         engine = self._get_engine()
@@ -326,6 +331,11 @@ class Pipeline:
             "dp_size": topo.dp_size,
             "next_lanes": {str(topo.dp_rank): state.pop("next_lane")},
         }
+        return state
+
+    def aggregate(self, state: dict[str, Any]) -> dict[str, Any]:
+        """Run the checkpoint round on a :meth:`local_checkpoint` state when aggregation is
+        configured (every rank must call it), else return it as it is."""
         if self._aggregated():
             state = self._aggregator().round(state)
         self._last_checkpoint_bytes = len(msgpack.packb(state, use_bin_type=True))

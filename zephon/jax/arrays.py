@@ -101,7 +101,7 @@ class GlobalBatches:
                 return
             # Taken before anything else can move the pipeline: the state that says "this
             # batch and every one before it were delivered".
-            state = _local_state(self.pipeline)
+            state = self.pipeline.local_checkpoint()
             if self.pipeline.zero_copy:
                 # Views into shared memory expire at the pipeline's next next(); on CPU JAX
                 # may alias host buffers instead of copying them.
@@ -135,10 +135,7 @@ class GlobalBatches:
             # Nothing returned, so nothing pulled (or only a restore): the pipeline's own
             # state is exact.
             return self.pipeline.checkpoint()
-        state = self._state
-        if self.pipeline.aggregate_dir is not None or self.pipeline.aggregate_store is not None:
-            return self.pipeline._aggregator().round(state)
-        return state
+        return self.pipeline.aggregate(self._state)
 
     def restore(self, state: dict[str, Any]) -> None:
         """Continue from ``state`` (from :meth:`checkpoint` or a merged pipeline
@@ -189,23 +186,6 @@ def global_batches(pipe: Pipeline, sharding: Any, prefetch: int = 2) -> GlobalBa
                     zephon.save(f"loader-{step}.zph", it.checkpoint())
     """
     return GlobalBatches(pipe, sharding, prefetch)
-
-
-def _local_state(pipe: Pipeline) -> dict[str, Any]:
-    """This rank's state at its last delivered batch, without an aggregation round.
-
-    ``Pipeline.checkpoint()`` would run a round (a collective) when aggregation is
-    configured; here it is wanted per batch and locally, so the round is switched off for
-    the call and run later, once, on the state of the batch actually returned.
-    """
-    agg = pipe.aggregate_dir, pipe.aggregate_store
-    if agg == (None, None):
-        return pipe.checkpoint()
-    pipe.aggregate_dir, pipe.aggregate_store = None, None
-    try:
-        return pipe.checkpoint()
-    finally:
-        pipe.aggregate_dir, pipe.aggregate_store = agg
 
 
 def _check_rows(pipe: Pipeline, sharding: Any, local: Any) -> None:
