@@ -28,11 +28,10 @@ Quirks handled here:
 
 from __future__ import annotations
 
-import queue
-import threading
 from collections.abc import Callable
 from typing import Any
 
+from zephon.checkpoint.stores._bounded import BoundedWorker, PlainHandle
 from zephon.errors import AggregationError
 
 DEFAULT_NAMESPACE = "zephon/"
@@ -57,60 +56,6 @@ def _coordination_client() -> tuple[Any, str]:
         )
     where = f"jax://{state.coordinator_address} (process {state.process_id})"
     return state.client, where
-
-
-class _Worker:
-    """A daemon thread that runs client calls, so one stuck on a stalled coordinator can
-    be abandoned (daemon: it never blocks interpreter exit)."""
-
-    def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._loop, name="zephon-jax-store", daemon=True)
-        self._thread.start()
-
-    def _loop(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            fn, box, done = item
-            try:
-                box.append((True, fn()))
-            except BaseException as e:
-                box.append((False, e))
-            done.set()
-
-    def run(self, fn: Callable[[], Any], timeout_s: float) -> Any:
-        box: list[tuple[bool, Any]] = []
-        done = threading.Event()
-        self._queue.put((fn, box, done))
-        if not done.wait(timeout_s):
-            raise TimeoutError
-        ok, value = box[0]
-        if ok:
-            return value
-        raise value
-
-    def abandon(self) -> None:
-        self._queue.put(None)
-
-
-class _PlainHandle:
-    """``keep_alive`` without leases: stop() deletes the key."""
-
-    def __init__(self, store: JaxStore, key: str) -> None:
-        self.key = key
-        self.lost = False
-        self._store = store
-        self._stopped = False
-
-    def stop(self) -> None:
-        if not self._stopped:
-            self._stopped = True
-            self._store.delete(self.key)
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(key={self.key!r})"
 
 
 class JaxStore:
@@ -144,7 +89,7 @@ class JaxStore:
         self.namespace = namespace if not namespace or namespace.endswith("/") else namespace + "/"
         self.request_timeout_s = float(request_timeout_s)
         self.poll_interval_s = float(poll_interval_s)
-        self._worker = _Worker()
+        self._worker = BoundedWorker("zephon-jax-store", lambda: None)
 
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> JaxStore:
@@ -170,10 +115,10 @@ class JaxStore:
     def _call(self, what: str, fn: Callable[[], Any], absent: Any = None) -> Any:
         """``fn()`` on the worker within ``request_timeout_s``; NOT_FOUND -> ``absent``."""
         try:
-            return self._worker.run(fn, self.request_timeout_s)
+            return self._worker.run(lambda _: fn(), self.request_timeout_s)
         except TimeoutError:
             self._worker.abandon()
-            self._worker = _Worker()
+            self._worker = BoundedWorker("zephon-jax-store", lambda: None)
             raise AggregationError(
                 f"{what}: {self._where} did not answer within {self.request_timeout_s:g} s "
                 f"(is the coordinator, process 0, stalled?); raise request_timeout_s if it "
@@ -206,9 +151,9 @@ class JaxStore:
         self.put(key, value)
         return None
 
-    def keep_alive(self, key: str, value: bytes, ttl_s: float) -> _PlainHandle:
+    def keep_alive(self, key: str, value: bytes, ttl_s: float) -> PlainHandle:
         self.put(key, value)
-        return _PlainHandle(self, key)
+        return PlainHandle(self, key)
 
     def close(self) -> None:
         """Stops the worker thread; the coordination service belongs to jax.distributed."""

@@ -39,13 +39,12 @@ from __future__ import annotations
 
 import json
 import os
-import queue
-import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from zephon.checkpoint.stores._bounded import BoundedWorker, PlainHandle
 from zephon.errors import AggregationError
 
 DEFAULT_NAMESPACE = "zephon"
@@ -129,65 +128,6 @@ def _where(store: Any) -> str:
     return f"torch://<{type(store).__name__}>"
 
 
-class _Worker:
-    """One daemon thread that owns one store connection and runs calls on it, so a call
-    stuck on a stalled server can be abandoned (daemon: it never blocks interpreter exit)."""
-
-    def __init__(self, connect: Callable[[], Any]) -> None:
-        self._connect = connect
-        self._store: Any = None
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._loop, name="zephon-torch-store", daemon=True)
-        self._thread.start()
-
-    def _loop(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            fn, box, done = item
-            try:
-                if self._store is None:
-                    self._store = self._connect()
-                box.append((True, fn(self._store)))
-            except BaseException as e:
-                box.append((False, e))
-            done.set()
-
-    def run(self, fn: Callable[[Any], Any], timeout_s: float) -> Any:
-        box: list[tuple[bool, Any]] = []
-        done = threading.Event()
-        self._queue.put((fn, box, done))
-        if not done.wait(timeout_s):
-            raise TimeoutError
-        ok, value = box[0]
-        if ok:
-            return value
-        raise value
-
-    def abandon(self) -> None:
-        """Let the thread end after its current call (if that ever returns)."""
-        self._queue.put(None)
-
-
-class _PlainHandle:
-    """``keep_alive`` without leases: stop() deletes the key."""
-
-    def __init__(self, store: TorchStore, key: str) -> None:
-        self.key = key
-        self.lost = False
-        self._store = store
-        self._stopped = False
-
-    def stop(self) -> None:
-        if not self._stopped:
-            self._stopped = True
-            self._store.delete(self.key)
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(key={self.key!r})"
-
-
 class TorchStore:
     """A :class:`~zephon.checkpoint.stores.base.Store` over a ``torch.distributed`` store.
 
@@ -220,7 +160,7 @@ class TorchStore:
             raise ValueError(f"part_size_bytes must be >= 1024; got {part_size_bytes}")
         # keep the original alive: when it hosts the server, dropping it stops the server
         self._owner = store
-        self._worker = _Worker(self._connect)
+        self._worker = BoundedWorker("zephon-torch-store", self._connect)
         self._dist = dist
         self._connections = 0
         self._where = describe_as or where
@@ -290,7 +230,7 @@ class TorchStore:
 
     def _replace_worker(self) -> None:
         self._worker.abandon()
-        self._worker = _Worker(self._connect)
+        self._worker = BoundedWorker("zephon-torch-store", self._connect)
 
     def _set(self, key: str, value: bytes, what: str) -> None:
         self._run(lambda st: st.set(key, value), what)
@@ -386,9 +326,9 @@ class TorchStore:
         self.put(key, value)
         return None
 
-    def keep_alive(self, key: str, value: bytes, ttl_s: float) -> _PlainHandle:
+    def keep_alive(self, key: str, value: bytes, ttl_s: float) -> PlainHandle:
         self.put(key, value)
-        return _PlainHandle(self, key)
+        return PlainHandle(self, key)
 
     def close(self) -> None:
         """Stops the worker thread. A server this store hosts (rank 0 under torchrun
