@@ -59,6 +59,17 @@ def main() -> None:
             os.kill(os.getpid(), signal.SIGKILL)
         return merge(states)
 
+    if url == "jax://":  # this rank joins a jax.distributed job first (coordinator in env)
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
+        import jax
+
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(
+            coordinator_address=os.environ["ZEPHON_TEST_COORDINATOR"],
+            num_processes=world_size,
+            process_id=rank,
+        )
+    # torch:// reads MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE as under torchrun
     store = open_store(aggregate_store=url, namespace=namespace)
     agg = Aggregator(
         store,
