@@ -135,7 +135,8 @@ def grain_lm_dataset(
 ):
     """The Grain ``IterDataset`` for the LM workload (see the module docstring)."""
     grain = _grain()
-    ds = grain.MapDataset.source(docs).shuffle(seed=seed).map(tokenize_to_dict)
+    # repeated (reshuffled each epoch) like the Zephon source, so deep restores have data
+    ds = grain.MapDataset.source(docs).shuffle(seed=seed).repeat().map(tokenize_to_dict)
     ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=0))
     grain.experimental.FlatMapTransform.register(SplitToMaxLen)
     ds = grain.experimental.FlatMapIterDataset(ds, SplitToMaxLen(seq_len))
