@@ -296,8 +296,9 @@ class Pipeline:
 
     # --------------------------------------------------------- checkpoint
     def checkpoint(self) -> dict[str, Any]:
-        """The loader state at the last delivered batch: msgpack-able, small, and
-        independent of how far the prefetch pump has run ahead.
+        """The loader state at the last delivered batch: msgpack-able and small. The cut is
+        the last batch ``next()`` returned, however far the prefetch pump has run ahead;
+        chunks the pump already pulled are carried in full and replayed on restore.
 
         With ``aggregate_dir``/``aggregate_store`` every rank must call it at the same step;
         the ranks run one checkpoint round and all return the same merged state, covering
