@@ -92,7 +92,7 @@ class ChainRunner:
         out: list[Any] = []
         for op, st in zip(self.ops, self.stats, strict=True):
             t0 = time.perf_counter()
-            n_in = 0
+            n_in = n_sentinels = 0
             nxt: list[Any] = []
             run: list[Record] = []
             stateful = op.traits.stateful
@@ -106,6 +106,7 @@ class ChainRunner:
                         run = []
                     nxt.extend(self._sentinel(op, it))
                     nxt.append(it)
+                    n_sentinels += 1
                 else:
                     n_in += 1
                     if stateful:
@@ -117,7 +118,7 @@ class ChainRunner:
             st.records_in += n_in
             st.seconds += time.perf_counter() - t0
             items = nxt
-            st.records_out += sum(1 for it in items if type(it) is not FlushSentinel)
+            st.records_out += len(items) - n_sentinels
         out.extend(it for it in items if type(it) is not FlushSentinel)
         return out
 
