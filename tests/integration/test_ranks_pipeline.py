@@ -22,16 +22,41 @@ SCRIPT = Path(__file__).parent / "_ranks_pipeline.py"
 pytestmark = pytest.mark.processes
 
 
-def run_job(tmp: Path, name: str, world: int, workers: int, steps: list[int], agg: list[str], restore: Path | None = None):
+def run_job(
+    tmp: Path,
+    name: str,
+    world: int,
+    workers: int,
+    steps: list[int],
+    agg: list[str],
+    restore: Path | None = None,
+):
     procs = []
     for rank in range(world):
-        cmd = [sys.executable, str(SCRIPT), str(rank), str(world), str(workers), str(steps[rank]), str(tmp / f"{name}-{rank}"), *agg]
+        cmd = [
+            sys.executable,
+            str(SCRIPT),
+            str(rank),
+            str(world),
+            str(workers),
+            str(steps[rank]),
+            str(tmp / f"{name}-{rank}"),
+            *agg,
+        ]
         if restore is not None:
             cmd += ["--restore", str(restore)]
-        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    outs = [p.communicate(timeout=120)[0] for p in procs]
-    for p, out in zip(procs, outs, strict=True):
-        assert p.returncode == 0, out
+        procs.append(
+            subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        )
+    outs = []
+    for p in procs:  # collect every rank before judging any, so no pipe is left open
+        try:
+            outs.append(p.communicate(timeout=120)[0])
+        except subprocess.TimeoutExpired:
+            p.kill()
+            outs.append(p.communicate()[0])
+    for rank, (p, out) in enumerate(zip(procs, outs, strict=True)):
+        assert p.returncode == 0, f"rank {rank}: {out}"
     states = [zp.load(tmp / f"{name}-{rank}.zph") for rank in range(world)]
     streams: dict[int, list[str]] = {}
     for rank in range(world):
@@ -45,7 +70,9 @@ def uninterrupted(steps: int) -> dict[int, list[str]]:
     with lm_pipeline(seed=41, lanes=4, num_epochs=None) as p:
         for _ in range(steps):
             batch = next(p)
-            digest = hashlib.sha256(b"".join(np.ascontiguousarray(batch[k]).tobytes() for k in sorted(batch)))
+            digest = hashlib.sha256(
+                b"".join(np.ascontiguousarray(batch[k]).tobytes() for k in sorted(batch))
+            )
             out.setdefault(p.last_batch_lanes[0], []).append(digest.hexdigest()[:16])
     return out
 
@@ -62,9 +89,13 @@ def test_directory_round_4x2_then_resume_in_2x1(tmp_path):
     states, before = run_job(tmp_path, "a", 4, 2, [3, 5, 2, 4], agg)
     assert all(s == states[0] for s in states), "every rank must return the same merged state"
     assert sorted(ls["lane"] for ls in states[0]["lanes"]) == [0, 1, 2, 3]
-    _, after = run_job(tmp_path, "b", 2, 1, [6, 6], ["--dir", str(tmp_path / "agg2")], restore=tmp_path / "a-0.zph")
+    _, after = run_job(
+        tmp_path, "b", 2, 1, [6, 6], ["--dir", str(tmp_path / "agg2")], restore=tmp_path / "a-0.zph"
+    )
     check_lanes(uninterrupted(60), before, after)
-    assert not list((tmp_path / "agg").rglob("*")) or all(p.is_dir() for p in (tmp_path / "agg").rglob("*"))
+    assert not list((tmp_path / "agg").rglob("*")) or all(
+        p.is_dir() for p in (tmp_path / "agg").rglob("*")
+    )
 
 
 @pytest.mark.etcd
@@ -78,6 +109,8 @@ def test_etcd_round_then_resume_in_one_process(tmp_path):
         after: dict[int, list[str]] = {}
         for _ in range(12):
             batch = next(p)
-            digest = hashlib.sha256(b"".join(np.ascontiguousarray(batch[k]).tobytes() for k in sorted(batch)))
+            digest = hashlib.sha256(
+                b"".join(np.ascontiguousarray(batch[k]).tobytes() for k in sorted(batch))
+            )
             after.setdefault(p.last_batch_lanes[0], []).append(digest.hexdigest()[:16])
     check_lanes(uninterrupted(60), before, after)

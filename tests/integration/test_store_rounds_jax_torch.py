@@ -38,12 +38,19 @@ def run_ranks(url: str, world: int, env_for) -> list[list[dict]]:
                 cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
             )
         )
-    results = []
-    for p in procs:
-        out, err = p.communicate(timeout=120)
-        assert p.returncode == 0, err[-3000:]
-        results.append([json.loads(line) for line in out.splitlines() if line.startswith("{")])
-    return results
+    outputs = []
+    for p in procs:  # collect every rank before judging any, so no pipe is left open
+        try:
+            outputs.append(p.communicate(timeout=120))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            outputs.append(p.communicate())
+    for rank, (p, (_, err)) in enumerate(zip(procs, outputs, strict=True)):
+        assert p.returncode == 0, f"rank {rank}: {err[-3000:]}"
+    return [
+        [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        for out, _ in outputs
+    ]
 
 
 def check_identical_merged(results: list[list[dict]], world: int) -> None:

@@ -49,6 +49,12 @@ from zephon.errors import AggregationError
 
 DEFAULT_NAMESPACE = "zephon"
 DEFAULT_REQUEST_TIMEOUT_S = 5.0
+_VANISHED_WAIT_S = 0.5  # get() of a key check() just saw; longer means it was deleted
+
+
+class _Vanished(Exception):
+    """A key disappeared between check() and get() (another rank deleted it)."""
+
 DEFAULT_CONNECT_TIMEOUT_S = 300.0
 #: the libuv TCPStore server refuses messages over 8 MiB; half leaves margin for the key
 DEFAULT_PART_SIZE_BYTES = 4 << 20
@@ -239,15 +245,23 @@ class TorchStore:
         def get(st: Any) -> bytes | None:
             if not st.check([key]):
                 return None
+            # get() waits for the key: if another rank deleted it right after check(), it
+            # would wait the whole request timeout. It was there a moment ago, so wait briefly.
+            st.set_timeout(timedelta(seconds=_VANISHED_WAIT_S))
             try:
                 return bytes(st.get(key))
             except RuntimeError:
-                # get() waits for the key: if it was deleted after check(), it times out
-                if not st.check([key]):
-                    return None
-                raise
+                raise _Vanished from None
+            finally:
+                st.set_timeout(timedelta(seconds=self.request_timeout_s))
 
-        result: bytes | None = self._run(get, what)
+        try:
+            result: bytes | None = self._run(get, what)
+        except _Vanished:
+            # The server may still answer that get() if the key comes back, which would
+            # desynchronise this connection: drop it. For the caller the key is absent.
+            self._replace_worker()
+            return None
         return result
 
     def _delete(self, key: str, what: str) -> None:
