@@ -191,8 +191,10 @@ class Pipeline:
     def ensure_mixture(
         self, weights: Sequence[float] | None = None, buffer_size: int = 16
     ) -> Pipeline:
-        """Reorder so each component's token share tracks ``weights`` (default: the work
-        source's)."""
+        """Reorder records so each component's token share tracks ``weights`` (default:
+        the work source's) batch by batch. It only reorders within an epoch, so the totals
+        come from the work source: give it weights corrected for document length when the
+        components' documents differ in length (see benchmarks.mixture_fidelity)."""
         return self.apply(EnsureMixture(weights, buffer_size))
 
     def batch(self, batch_size: int, drop_last: bool = True) -> Pipeline:
