@@ -62,6 +62,7 @@ from benchmarks.workload import (
     SyntheticDocs,
     pregenerate,
 )
+from benchmarks.zephon_lm import zephon_lm_pipeline
 
 KS = (1, 2, 4, 8, 16)
 SHUFFLE_BUFFER = 64
@@ -112,22 +113,19 @@ def lm_shuffle_pipeline(
 
     ``pipeline_kw`` goes to ``zp.Pipeline`` (``rank``, ``world_size``, ``output``, ...).
     """
-    src = zp.StaticMixtureWorkSource([zp.ArraySource(list(docs))], seed=seed, chunk_size=chunk_size)
-    return (
-        zp.Pipeline(
-            src,
-            canonical_replicas=lanes,
-            flush_every_k_chunks=k,
-            workers=workers,
-            prefetch=prefetch,
-            **pipeline_kw,
-        )
-        .fetch()
-        .tokenize(zp.ByteTokenizer())
-        .split(max_len=seq_len)
-        .pack(seq_len=seq_len, num_bins=num_bins)
-        .shuffle(buffer_size=shuffle_buffer)
-        .batch(batch_size)
+    return zephon_lm_pipeline(
+        docs,
+        seed,
+        workers,
+        lanes=lanes,
+        chunk_size=chunk_size,
+        flush_every_k_chunks=k,
+        seq_len=seq_len,
+        num_bins=num_bins,
+        batch_size=batch_size,
+        prefetch=prefetch,
+        shuffle_buffer=shuffle_buffer,
+        **pipeline_kw,
     )
 
 

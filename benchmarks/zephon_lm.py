@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import zephon as zp
 from benchmarks.workload import BATCH_SIZE, NUM_BINS, SEQ_LEN
@@ -20,22 +21,28 @@ def zephon_lm_pipeline(
     num_bins: int = NUM_BINS,
     batch_size: int = BATCH_SIZE,
     prefetch: int = 3,
+    shuffle_buffer: int | None = None,
+    **pipeline_kw: Any,
 ) -> zp.Pipeline:
     """Shuffled (Feistel) source -> byte tokens -> split -> first-fit pack -> batch, with all
     tracking on. The pack operator reorders, so epoch-based eviction and flush sentinels run
-    exactly as in a real job."""
+    exactly as in a real job. ``shuffle_buffer`` adds ``.shuffle(...)`` before ``batch``;
+    ``pipeline_kw`` goes to ``zp.Pipeline`` (``rank``, ``world_size``, ``output``, ...)."""
     src = zp.StaticMixtureWorkSource([zp.ArraySource(list(docs))], seed=seed, chunk_size=chunk_size)
-    return (
+    pipe = (
         zp.Pipeline(
             src,
             canonical_replicas=lanes,
             flush_every_k_chunks=flush_every_k_chunks,
             workers=workers,
             prefetch=prefetch,
+            **pipeline_kw,
         )
         .fetch()
         .tokenize(zp.ByteTokenizer())
         .split(max_len=seq_len)
         .pack(seq_len=seq_len, num_bins=num_bins)
-        .batch(batch_size)
     )
+    if shuffle_buffer is not None:
+        pipe = pipe.shuffle(buffer_size=shuffle_buffer)
+    return pipe.batch(batch_size)
