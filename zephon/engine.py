@@ -118,6 +118,7 @@ class Engine:
         self.started = False
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max(prefetch, 1))
         self._thread: threading.Thread | None = None
+        self._pump_wanted = False
         self._gen: Iterator[Any] | None = None
         self.stopping = threading.Event()
         self._error: BaseException | None = None
@@ -174,9 +175,15 @@ class Engine:
         if self._thread is None:
             assert self._gen is not None
             try:
-                return next(self._gen)
+                item = next(self._gen)
             except StopIteration:
                 return _DONE
+            if self._pump_wanted and item is not _DONE:
+                # The first output is made on the caller's thread (a pump running beside it
+                # would take the GIL from it); from here on the pump runs ahead.
+                self._thread = threading.Thread(target=self._pump, name="zephon-pump", daemon=True)
+                self._thread.start()
+            return item
         while True:
             try:
                 return self._queue.get(timeout=_POLL_S)
@@ -192,9 +199,7 @@ class Engine:
         self._gen = self._produce()
         # Worker processes already run ahead into their rings, which hold the prefetched
         # batches; a pump thread on top would only add a queue handoff per batch.
-        if self.prefetch > 0 and not self.executor.prefetches:
-            self._thread = threading.Thread(target=self._pump, name="zephon-pump", daemon=True)
-            self._thread.start()
+        self._pump_wanted = self.prefetch > 0 and not self.executor.prefetches
 
     # -------------------------------------------------------------- delivery
     def next(self) -> Any:

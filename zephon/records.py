@@ -8,6 +8,7 @@ completion when the record is delivered.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 
@@ -61,6 +62,50 @@ class Record:
 
     def __repr__(self) -> str:
         return f"Record(cursor={tuple(self.cursor)}, contributors={len(self.contributors)})"
+
+
+_DATA = Record.data  # the slot itself, under LazyRecord's property
+
+
+class LazyRecord(Record):
+    """A record whose data is built on first access to ``data``.
+
+    ``pack`` emits these: after a restore, the replay filter drops every packed record up
+    to the lane's target without reading its data, so replayed bins are placed (which needs
+    only lengths) but never assembled. Anything that reads ``data`` gets the real thing.
+    """
+
+    __slots__ = ("_build",)
+
+    def __init__(
+        self,
+        build: Callable[[], Any],
+        lane: int,
+        contributors: list[Contributor],
+        mix: dict[int, int],
+    ) -> None:
+        _DATA.__set__(self, None)
+        self._build: Callable[[], Any] | None = build
+        self.lane = lane
+        self.contributors = contributors
+        self.mix = mix
+
+    @property  # type: ignore[override]
+    def data(self) -> Any:
+        build = self._build
+        if build is not None:
+            _DATA.__set__(self, build())
+            self._build = None
+        return _DATA.__get__(self)
+
+    @data.setter
+    def data(self, value: Any) -> None:
+        _DATA.__set__(self, value)
+        self._build = None
+
+    @property
+    def built(self) -> bool:
+        return self._build is None
 
 
 class BatchRecord(Record):

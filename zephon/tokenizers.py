@@ -29,16 +29,19 @@ class ByteTokenizer:
     def __init__(self, add_eos: bool = True) -> None:
         self.add_eos = add_eos
 
-    def encode(self, text: str | bytes) -> np.ndarray:
+    @staticmethod
+    def _bytes(text: str | bytes) -> bytes:
         if isinstance(text, str):
-            raw = text.encode("utf-8")
-        elif isinstance(text, (bytes, bytearray, memoryview)):
-            raw = bytes(text)
-        else:
-            raise TypeError(
-                f"ByteTokenizer.encode takes str or bytes; got {type(text).__name__}. "
-                "Use .map() to pull the text out of your samples, or tokenize(field=...)"
-            )
+            return text.encode("utf-8")
+        if isinstance(text, (bytes, bytearray, memoryview)):
+            return bytes(text)
+        raise TypeError(
+            f"ByteTokenizer.encode takes str or bytes; got {type(text).__name__}. "
+            "Use .map() to pull the text out of your samples, or tokenize(field=...)"
+        )
+
+    def encode(self, text: str | bytes) -> np.ndarray:
+        raw = self._bytes(text)
         n = len(raw)
         out = np.empty(n + (1 if self.add_eos else 0), dtype=np.int32)
         np.add(np.frombuffer(raw, dtype=np.uint8), BYTE_OFFSET, out=out[:n], dtype=np.int32)
@@ -47,7 +50,24 @@ class ByteTokenizer:
         return out
 
     def encode_batch(self, texts: list[Any]) -> list[np.ndarray]:
-        return [self.encode(t) for t in texts]
+        """All texts in one pass over one buffer; each result is a view of its own span."""
+        raws = [self._bytes(t) for t in texts]
+        if len(raws) < 2:
+            return [self.encode(r) for r in raws]
+        sizes = np.fromiter(map(len, raws), dtype=np.int64, count=len(raws))
+        if self.add_eos:
+            # A placeholder byte after every text becomes EOS once the bytes are shifted.
+            sizes += 1
+            joined = b"\0".join(raws) + b"\0"
+        else:
+            joined = b"".join(raws)
+        ends = np.cumsum(sizes)
+        out = np.empty(len(joined), dtype=np.int32)
+        np.add(np.frombuffer(joined, dtype=np.uint8), BYTE_OFFSET, out=out, dtype=np.int32)
+        if self.add_eos:
+            out[ends - 1] = EOS_ID
+        bounds = ends.tolist()
+        return [out[a:b] for a, b in zip([0, *bounds[:-1]], bounds, strict=True)]
 
     def decode(self, ids: np.ndarray) -> str:
         ids = np.asarray(ids)

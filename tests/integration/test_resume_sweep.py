@@ -81,3 +81,24 @@ def test_monotone_pipeline_resumes_with_filter_and_split():
 
     assert "eviction=monotone flush_every_k_chunks=0" in build().explain()
     assert_resumes_exactly(build)
+
+
+def test_first_batch_is_made_on_the_callers_thread_then_the_pump_runs_ahead():
+    import threading
+
+    seen: list[str] = []
+
+    def note(data):
+        seen.append(threading.current_thread().name)
+        return data
+
+    src = zp.StaticMixtureWorkSource([zp.ArraySource(list(range(400)))], seed=0, chunk_size=8)
+    with zp.Pipeline(src, canonical_replicas=2, prefetch=2).map(note).batch(4) as p:
+        next(p)
+        # The first chunk (8 samples, mapped as one layer) went through on this thread.
+        assert seen[:8] == [threading.current_thread().name] * 8
+        for _ in range(50):  # and the pump runs ahead while the caller is away
+            if "zephon-pump" in seen:
+                break
+            threading.Event().wait(0.02)
+        assert "zephon-pump" in seen

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from zephon.operators.base import LaneStateOperator, OpTraits, Output
-from zephon.records import Record
+from zephon.records import LazyRecord, Record
 
 
 class _Bins:
@@ -46,6 +46,10 @@ class Pack(LaneStateOperator):
 
     def _length(self, record: Record) -> int:
         data = record.data
+        if len(self.features) == 1 and type(data) is dict:
+            tokens = data.get(self.features[0])
+            if type(tokens) is np.ndarray and tokens.ndim == 1 and len(tokens) <= self.seq_len:
+                return len(tokens)
         lengths = []
         for f in self.features:
             try:
@@ -89,7 +93,15 @@ class Pack(LaneStateOperator):
         pieces = bins.pieces[i]
         bins.pieces[i] = []
         bins.fill[i] = 0
-        first = pieces[0]
+        contributors = [c for p in pieces for c in p.contributors]
+        mix: dict[int, int] = {}
+        for p in pieces:
+            for comp, w in p.mix.items():
+                mix[comp] = mix.get(comp, 0) + w
+        # Assembled on first use: a replayed bin that the replay filter drops never is.
+        return LazyRecord(lambda: self._assemble(pieces), pieces[0].lane, contributors, mix)
+
+    def _assemble(self, pieces: list[Record]) -> dict[str, np.ndarray]:
         data = {}
         lengths = np.fromiter(
             (len(p.data[self.features[0]]) for p in pieces), dtype=np.int64, count=len(pieces)
@@ -110,12 +122,7 @@ class Pack(LaneStateOperator):
             data[f] = buf
             data[f + "_segment_ids"] = seg if f == self.features[0] else seg.copy()
             data[f + "_positions"] = pos if f == self.features[0] else pos.copy()
-        contributors = [c for p in pieces for c in p.contributors]
-        mix: dict[int, int] = {}
-        for p in pieces:
-            for comp, w in p.mix.items():
-                mix[comp] = mix.get(comp, 0) + w
-        return Record(data, first.lane, contributors, mix)
+        return data
 
     def flush(self, reset: bool, lane_id: int) -> Iterable[Output]:
         bins = self._lanes.get(lane_id)

@@ -48,7 +48,11 @@ class Tokenize(Operator):
         return data
 
     def _emit(self, record: Record, ids: Any) -> Record:
-        tokens = np.asarray(ids, dtype=np.int32)
+        tokens = (
+            ids
+            if type(ids) is np.ndarray and ids.dtype == np.int32
+            else np.asarray(ids, dtype=np.int32)
+        )
         ((component, _),) = record.mix.items()
         return Record(
             {"tokens": tokens}, record.lane, record.contributors, {component: len(tokens)}

@@ -9,7 +9,7 @@ import pytest
 
 import zephon as zp
 from zephon.operators.pack import Pack
-from zephon.records import Contributor, Record, SampleCursor
+from zephon.records import Contributor, LazyRecord, Record, SampleCursor
 from zephon.testing import assert_resumes_exactly, assert_resumes_through_breaks, take
 
 
@@ -235,3 +235,58 @@ def test_pack_resumes_exactly(h) -> None:
 
 def test_pack_resumes_through_several_breaks(h) -> None:
     assert_resumes_through_breaks(lambda: _pack_pipeline(h), [1, 4, 5, 11, 17])
+
+
+def test_packed_records_are_assembled_on_first_read_only() -> None:
+    op = Pack(seq_len=4, num_bins=1)
+    (rec,) = _feed(op, [2, 2])[1]
+    assert isinstance(rec, LazyRecord) and not rec.built
+    assert _offsets(rec) == [0, 1] and rec.mix == {0: 2, 1: 2}  # known before assembly
+    first = rec.data
+    assert rec.built and rec.data is first
+    np.testing.assert_array_equal(first["tokens"], [100, 100, 101, 101])
+    rec.data = {"tokens": np.zeros(4, np.int32)}  # a later operator may replace it
+    assert rec.data["tokens"].sum() == 0
+
+
+def test_restore_never_assembles_the_bins_the_replay_filter_drops(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    docs = [f"w{i} " * (1 + (i * 37) % 90) for i in range(600)]
+
+    def build() -> zp.Pipeline:
+        src = zp.StaticMixtureWorkSource([zp.ArraySource(docs)], seed=3, chunk_size=16)
+        return (
+            zp.Pipeline(src, canonical_replicas=1, flush_every_k_chunks=4, prefetch=0)
+            .fetch()
+            .tokenize(zp.ByteTokenizer())
+            .split(max_len=64)
+            .pack(seq_len=64, num_bins=4)
+            .batch(2)
+        )
+
+    with build() as p:
+        take(p, 30)
+        state = p.checkpoint()
+        expected = take(p, 3)
+    assembled = 0
+    assemble = Pack._assemble
+
+    def counting(self: Pack, pieces: list[Record]) -> dict[str, np.ndarray]:
+        nonlocal assembled
+        assembled += 1
+        return assemble(self, pieces)
+
+    monkeypatch.setattr(Pack, "_assemble", counting)
+    with build() as q:
+        q.restore(state)
+        got = take(q, 3)
+        stats = q.stats()
+    for a, b in zip(expected, got, strict=True):
+        for k in a:
+            np.testing.assert_array_equal(a[k], b[k])
+    (batch_op,) = [o for o in stats["operators"] if o["name"] == "batch"]
+    assert stats["replay_dropped_records"] > 0
+    # What reached batch was assembled as batch stacked it (a batch's first row may still
+    # wait); never a bin the filter dropped.
+    assert batch_op["records_in"] - 1 <= assembled <= batch_op["records_in"]

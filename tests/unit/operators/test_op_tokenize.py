@@ -148,3 +148,23 @@ def test_tokenize_resumes_exactly(h) -> None:
 
     ref = assert_resumes_exactly(build)
     assert len(ref) == 20 and ref[0].shape == (3, 40)
+
+
+@pytest.mark.parametrize("add_eos", [True, False])
+def test_byte_tokenizer_encode_batch_equals_encode(add_eos: bool) -> None:
+    tok = zp.ByteTokenizer(add_eos=add_eos)
+    # NUL bytes, empty texts, bytes and multi-byte text in one batch.
+    texts = ["héllo", "", b"a\0b\0", "\0", "x" * 5000, bytearray(b"\xff\xfe"), ""]
+    batch = tok.encode_batch(texts)
+    assert len(batch) == len(texts)
+    for text, got in zip(texts, batch, strict=True):
+        want = tok.encode(text)
+        assert got.dtype == np.int32
+        np.testing.assert_array_equal(got, want)
+    assert [len(t) for t in tok.encode_batch(["abc"])] == [3 + add_eos]
+    assert tok.encode_batch([]) == []
+
+
+def test_byte_tokenizer_encode_batch_rejects_other_types() -> None:
+    with pytest.raises(TypeError, match="takes str or bytes; got int"):
+        zp.ByteTokenizer().encode_batch(["ok", 3])
