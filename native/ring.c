@@ -19,9 +19,18 @@
 #define RING_CPU_RELAX() atomic_signal_fence(memory_order_seq_cst)
 #endif
 
-/* Spin this many rounds before sleeping: a few microseconds, enough to catch a
- * peer that is about to commit/release without paying for a futex round trip. */
+/* Before sleeping, a waiter spins (with PAUSE) for a while: at least
+ * RING_SPIN_ROUNDS rounds (about 3 us), and longer -- twice its recent typical
+ * wait, never more than RING_SPIN_MAX_NS -- while its waits have been short.
+ * A peer that publishes every few microseconds is then caught without a futex
+ * sleep and wake-up (a syscall for the waker and an inter-processor wake-up
+ * for the sleeper, tens of microseconds on a VM); a peer that takes longer,
+ * such as a worker that needs most of a millisecond per batch, costs only the
+ * short spin before the futex sleep. The typical wait is a per-side moving
+ * average kept in that side's private header line. */
 #define RING_SPIN_ROUNDS 256
+#define RING_SPIN_MAX_NS 20000
+#define RING_SPIN_CLOCK_EVERY 32
 
 enum slot_state {
     SLOT_FREE = 0,
@@ -50,9 +59,11 @@ typedef struct ring_header {
     /* producer line (128-byte spacing also defeats the adjacent-line prefetcher) */
     _Alignas(128) _Atomic uint64_t head;
     uint64_t reserved;
+    int64_t producer_wait_ns; /* producer-private: moving average of its waits */
     /* consumer line */
     _Alignas(128) _Atomic uint64_t tail;
     uint64_t acquired;
+    int64_t consumer_wait_ns; /* consumer-private: moving average of its waits */
     /* futex words: the consumer sleeps on data_seq, the producer on space_seq */
     _Alignas(128) _Atomic uint32_t data_seq;
     _Atomic uint32_t data_waiters;
@@ -75,8 +86,10 @@ _Static_assert(offsetof(ring_header, total_bytes) == 32, "layout");
 _Static_assert(offsetof(ring_header, closed) == 40, "layout");
 _Static_assert(offsetof(ring_header, head) == 128, "layout");
 _Static_assert(offsetof(ring_header, reserved) == 136, "layout");
+_Static_assert(offsetof(ring_header, producer_wait_ns) == 144, "layout");
 _Static_assert(offsetof(ring_header, tail) == 256, "layout");
 _Static_assert(offsetof(ring_header, acquired) == 264, "layout");
+_Static_assert(offsetof(ring_header, consumer_wait_ns) == 272, "layout");
 _Static_assert(offsetof(ring_header, data_seq) == 384, "layout");
 _Static_assert(offsetof(ring_header, data_waiters) == 388, "layout");
 _Static_assert(offsetof(ring_header, space_seq) == 512, "layout");
@@ -156,16 +169,38 @@ static int check(ring_header *h, wait_side side) {
     return atomic_load(&h->closed) ? RING_CLOSED : PENDING;
 }
 
+/* Folds one wait into the side's moving average (weight 1/8). */
+static void note_wait(int64_t *average, int64_t started, int64_t waited_until) {
+    if (started < 0 || waited_until < 0) {
+        return;
+    }
+    int64_t waited = waited_until - started;
+    *average += (waited - *average) / 8;
+}
+
 static ring_status wait_for(ring_header *h, wait_side side, int64_t timeout_ns) {
     int st = check(h, side);
     if (st != PENDING || timeout_ns == 0) {
         return st == PENDING ? RING_TIMEOUT : (ring_status)st;
     }
-    for (int i = 0; i < RING_SPIN_ROUNDS; i++) {
+    int64_t *average = side == WAIT_DATA ? &h->consumer_wait_ns : &h->producer_wait_ns;
+    int64_t started = now_ns();
+    int64_t spin_ns = *average * 2;
+    if (spin_ns > RING_SPIN_MAX_NS || (timeout_ns > 0 && spin_ns > timeout_ns)) {
+        spin_ns = 0; /* recent waits were long: only the short spin */
+    }
+    for (int i = 1;; i++) {
         RING_CPU_RELAX();
         st = check(h, side);
         if (st != PENDING) {
+            note_wait(average, started, now_ns());
             return (ring_status)st;
+        }
+        if (i >= RING_SPIN_ROUNDS && i % RING_SPIN_CLOCK_EVERY == 0) {
+            int64_t now = now_ns();
+            if (now < 0 || started < 0 || now - started >= spin_ns) {
+                break;
+            }
         }
     }
     _Atomic uint32_t *seq = side == WAIT_DATA ? &h->data_seq : &h->space_seq;
@@ -184,6 +219,7 @@ static ring_status wait_for(ring_header *h, wait_side side, int64_t timeout_ns) 
         st = check(h, side);
         if (st != PENDING) {
             atomic_fetch_sub(waiters, 1);
+            note_wait(average, started, now_ns());
             return (ring_status)st;
         }
         struct timespec rel;

@@ -43,8 +43,10 @@
  *    40  u32 closed           0/1
  *   128  u64 head             producer line: messages published
  *   136  u64 reserved         producer-private reservation count
+ *   144  i64 producer_wait_ns producer-private average wait (spin tuning only)
  *   256  u64 tail             consumer line: slots handed back
  *   264  u64 acquired         consumer-private acquisition count
+ *   272  i64 consumer_wait_ns consumer-private average wait (spin tuning only)
  *   384  u32 data_seq, u32 data_waiters     "a message was published"
  *   512  u32 space_seq, u32 space_waiters   "a slot was handed back"
  *   640  slot table: nslots x { u64 nbytes, u32 state, u32 pad }

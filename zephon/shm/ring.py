@@ -150,17 +150,31 @@ def plan_layout(array_nbytes: Sequence[int]) -> tuple[int, ...]:
     return tuple(offsets)
 
 
+_CHECKED_DTYPES: dict[Any, np.dtype] = {}
+
+
 def _checked_dtype(dtype: Any) -> np.dtype:
+    try:
+        return _CHECKED_DTYPES[dtype]
+    except (KeyError, TypeError):  # TypeError: an unhashable dtype-like
+        pass
     dt = np.dtype(dtype)
     if dt.hasobject or dt.fields is not None or dt.subdtype is not None:
         raise ValueError(
             f"ring messages carry plain numeric/bool/bytes arrays; dtype {dt!r} holds "
             f"objects or fields (convert it, or put such data in the msgpack metadata)"
         )
+    if len(_CHECKED_DTYPES) < 256:
+        try:
+            _CHECKED_DTYPES[dtype] = dt
+        except TypeError:
+            pass
     return dt
 
 
 def _checked_shape(shape: int | Sequence[int]) -> tuple[int, ...]:
+    if type(shape) is tuple and all(type(d) is int and d >= 0 for d in shape):
+        return shape
     dims = (shape,) if isinstance(shape, int | np.integer) else tuple(shape)
     out = tuple(int(d) for d in dims)
     if any(d < 0 for d in out):
@@ -174,18 +188,64 @@ class _Trailer(NamedTuple):
     end: int  # bytes the message occupies in the slot
 
 
-def _plan_trailer(
-    arrays: Sequence[tuple[str, tuple[int, ...], int, int]], meta_nbytes: int
-) -> _Trailer:
-    descriptors = msgpack.packb([[d, list(s), o] for d, s, o, _ in arrays], use_bin_type=True)
+class _Encoded(NamedTuple):
+    """A message's array descriptors, packed once per layout (batches repeat theirs)."""
+
+    descriptors: bytes
+    first: int | None  # offset of the first array
+    arrays_end: int
+
+
+_ArraySpec = tuple[str, tuple[int, ...], int, int]  # dtype.str, shape, offset, nbytes
+_ENCODED: dict[tuple[_ArraySpec, ...], _Encoded] = {}
+_LAYOUT_CACHE_MAX = 64  # distinct layouts kept per process / per ring
+
+
+def _encode(arrays: tuple[_ArraySpec, ...]) -> _Encoded:
+    enc = _ENCODED.get(arrays)
+    if enc is None:
+        enc = _Encoded(
+            msgpack.packb([[d, list(s), o] for d, s, o, _ in arrays], use_bin_type=True),
+            min((o for _, _, o, _ in arrays), default=None),
+            max((o + n for _, _, o, n in arrays), default=FRAME_NBYTES),
+        )
+        if len(_ENCODED) >= _LAYOUT_CACHE_MAX:
+            _ENCODED.clear()
+        _ENCODED[arrays] = enc
+    return enc
+
+
+def _plan_trailer(arrays: Sequence[_ArraySpec], meta_nbytes: int) -> _Trailer:
+    descriptors, first, arrays_end = _encode(tuple(arrays))
     trailer_nbytes = len(descriptors) + meta_nbytes
-    first = min((o for _, _, o, _ in arrays), default=None)
-    arrays_end = max((o + n for _, _, o, n in arrays), default=FRAME_NBYTES)
     if first is None or FRAME_NBYTES + trailer_nbytes <= first:
         offset = FRAME_NBYTES
     else:
         offset = _round_up(arrays_end, 8)
     return _Trailer(descriptors, offset, max(arrays_end, offset + trailer_nbytes))
+
+
+class _Layout(NamedTuple):
+    """Parsed and checked descriptors: (dtype, shape, offset) per array, and their end."""
+
+    arrays: tuple[tuple[np.dtype, tuple[int, ...], int], ...]
+    end: int
+
+
+def _decode(descriptors: bytes, narrays: int) -> _Layout:
+    items = msgpack.unpackb(descriptors, use_list=True)
+    if not isinstance(items, list) or len(items) != narrays:
+        raise ValueError(f"expected {narrays} array descriptors")
+    arrays = []
+    end = FRAME_NBYTES
+    for dtype_str, shape, offset in items:
+        dt = _checked_dtype(dtype_str)
+        dims = _checked_shape(shape)
+        if not isinstance(offset, int) or offset < FRAME_NBYTES:
+            raise ValueError(f"array {dtype_str}{dims} has a bad offset {offset!r}")
+        arrays.append((dt, dims, offset))
+        end = max(end, offset + math.prod(dims) * dt.itemsize)
+    return _Layout(tuple(arrays), end)
 
 
 def message_nbytes(meta_nbytes: int, arrays: Sequence[np.ndarray]) -> int:
@@ -199,7 +259,7 @@ def message_nbytes(meta_nbytes: int, arrays: Sequence[np.ndarray]) -> int:
     return _plan_trailer(placed, meta_nbytes).end
 
 
-def _slot_memory(view: memoryview, offset: int, nbytes: int) -> Any:
+def _pinned_memory(view: memoryview, offset: int, nbytes: int) -> Any:
     """A buffer over part of the mapping that numpy arrays can keep alive.
 
     ``np.ndarray(buffer=...)`` keeps a reference to its buffer object but not the
@@ -216,8 +276,8 @@ class _Lease:
 
     __slots__ = ("_ring", "slot")
 
-    def __init__(self, ring: ShmRing, slot: int) -> None:
-        self._ring: ShmRing | None = ring
+    def __init__(self, ring: ShmRing | None, slot: int) -> None:
+        self._ring = ring
         self.slot = slot
 
     @property
@@ -295,7 +355,7 @@ class SlotWriter:
         self.index = index
         self.capacity = len(memory)
         self._memory = memory
-        self._arrays: list[tuple[str, tuple[int, ...], int, int]] = []
+        self._arrays: list[_ArraySpec] = []
         self._cursor = _FIRST_ARRAY_OFFSET
         self._done = False
 
@@ -309,7 +369,7 @@ class SlotWriter:
         """The whole slot as a writable byte memoryview (the first FRAME_NBYTES bytes
         and the trailer are overwritten by ``commit``)."""
         self._check_open()
-        return memoryview(self._memory).cast("B")
+        return self._memory[:]
 
     def array(
         self, shape: int | Sequence[int], dtype: Any, *, offset: int | None = None
@@ -325,7 +385,8 @@ class SlotWriter:
         Raises:
             ValueError: the array does not fit in the slot, or overlaps another one.
         """
-        self._check_open()
+        if self._done:
+            self._check_open()
         dt = _checked_dtype(dtype)
         dims = _checked_shape(shape)
         nbytes = math.prod(dims) * dt.itemsize
@@ -375,7 +436,7 @@ class SlotWriter:
                 f"{self._ring.name!r} slots hold {self.capacity} bytes; raise slot_bytes "
                 f"to at least {trailer.end} when creating the ring"
             )
-        slot = memoryview(self._memory).cast("B")
+        slot = self._memory
         start = trailer.offset
         mid = start + len(trailer.descriptors)
         slot[start:mid] = trailer.descriptors
@@ -391,7 +452,6 @@ class SlotWriter:
             trailer.offset,
             meta_view.nbytes,
         )
-        slot.release()
         self._ring._commit_slot(self.index, trailer.end)
         self._done = True
         return trailer.end
@@ -466,6 +526,10 @@ class ShmRing:
         self.nslots: int = nslots
         self.slot_bytes: int = slot_bytes
         self._slots_offset: int = slots_offset
+        # One byte view per slot, made on first use. Never released, only dropped:
+        # arrays built on them keep the mapping alive until they go.
+        self._slot_views: list[memoryview | None] = [None] * nslots
+        self._layouts: dict[bytes, _Layout] = {}
         self.implementation = IMPLEMENTATION
 
     @classmethod
@@ -527,8 +591,12 @@ class ShmRing:
             raise RingClosedError(f"ring {self.name!r} was closed by this process: cannot {action}")
         return view
 
-    def _slot_memory(self, view: memoryview, slot: int, nbytes: int) -> Any:
-        return _slot_memory(view, self._slots_offset + slot * self.slot_bytes, nbytes)
+    def _slot_view(self, view: memoryview, slot: int) -> memoryview:
+        mv = self._slot_views[slot]
+        if mv is None:
+            start = self._slots_offset + slot * self.slot_bytes
+            mv = self._slot_views[slot] = view[start : start + self.slot_bytes]
+        return mv
 
     # -- producer ------------------------------------------------------------
 
@@ -543,7 +611,7 @@ class ShmRing:
         status, slot = _core.reserve(view, _timeout_ns(timeout_s))
         if status != pyring.OK:
             _raise_for_status(status, "reserve", self.name, timeout_s)
-        return SlotWriter(self, slot, self._slot_memory(view, slot, self.slot_bytes))
+        return SlotWriter(self, slot, self._slot_view(view, slot))
 
     def commit(self, slot: SlotWriter, meta: bytes | bytearray | memoryview = b"") -> int:
         """Same as ``slot.commit(meta)``."""
@@ -601,64 +669,72 @@ class ShmRing:
             RingClosedError: the ring is closed and every message was read.
             RingError: the slot does not hold a valid message (it is released first).
         """
-        deadline = None if timeout_s is None else time.monotonic() + _timeout_ns(timeout_s) / 1e9
+        timeout_ns = _timeout_ns(timeout_s)
+        deadline = None if timeout_ns < 0 else time.monotonic() + timeout_ns / 1e9
         while True:
             view = self._live_view("get")
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            status, slot, nbytes = _core.acquire(view, _timeout_ns(left))
+            status, slot, nbytes = _core.acquire(view, timeout_ns)
             if status != pyring.OK:
                 _raise_for_status(status, "get", self.name, timeout_s)
-            lease = _Lease(self, slot)
             if nbytes == 0:  # aborted by the producer
-                lease.release()
+                self._release_slot(slot)
+                if deadline is not None:
+                    timeout_ns = max(0, int((deadline - time.monotonic()) * 1e9))
                 continue
+            if not zero_copy:
+                try:
+                    return self._copy_out(view, slot, nbytes)
+                finally:
+                    self._release_slot(slot)
+            lease = _Lease(self, slot)
             try:
-                message = self._read_message(view, lease, nbytes)
+                return self._views(view, lease, nbytes)
             except BaseException:
                 lease.release()
                 raise
-            if not zero_copy:
-                message.arrays = [np.array(a, copy=True) for a in message.arrays]
-                lease.release()
-            return message
 
-    def _read_message(self, view: memoryview, lease: _Lease, nbytes: int) -> Message:
-        memory = self._slot_memory(view, lease.slot, nbytes)
+    def _copy_out(self, view: memoryview, slot: int, nbytes: int) -> Message:
+        mv = self._slot_view(view, slot)
+        meta, layout = self._parse(mv, slot, nbytes)
+        arrays = [np.ndarray(dims, dt, buffer=mv, offset=off).copy() for dt, dims, off in layout]
+        return Message(meta, arrays, nbytes, _Lease(None, slot))
+
+    def _views(self, view: memoryview, lease: _Lease, nbytes: int) -> Message:
+        meta, layout = self._parse(self._slot_view(view, lease.slot), lease.slot, nbytes)
+        # The arrays' buffer holds the slot lease: dropping the message and every view
+        # of it hands the slot back too.
+        memory = _pinned_memory(view, self._slots_offset + lease.slot * self.slot_bytes, nbytes)
         memory.lease = lease
-        raw = memoryview(memory).cast("B")
+        arrays = [np.ndarray(dims, dt, buffer=memory, offset=off) for dt, dims, off in layout]
+        return Message(meta, arrays, nbytes, lease)
+
+    def _parse(
+        self, mv: memoryview, slot: int, nbytes: int
+    ) -> tuple[bytes, tuple[tuple[np.dtype, tuple[int, ...], int], ...]]:
         try:
-            return self._parse(raw, memory, lease, nbytes)
+            magic, version, _flags, narrays, desc_nbytes, trailer_offset, meta_nbytes = (
+                _FRAME.unpack_from(mv, 0)
+            )
+            if magic != _FRAME_MAGIC or version != _FRAME_VERSION:
+                raise ValueError(f"bad frame header {magic!r} version {version}")
+            meta_start = trailer_offset + desc_nbytes
+            if meta_start + meta_nbytes > nbytes:
+                raise ValueError("trailer runs past the message")
+            descriptors = mv[trailer_offset:meta_start].tobytes()
+            layout = self._layouts.get(descriptors)
+            if layout is None:
+                layout = _decode(descriptors, narrays)
+                if len(self._layouts) >= _LAYOUT_CACHE_MAX:
+                    self._layouts.clear()
+                self._layouts[descriptors] = layout
+            if layout.end > nbytes:
+                raise ValueError(f"arrays end at byte {layout.end}, past the message")
+            return mv[meta_start : meta_start + meta_nbytes].tobytes(), layout.arrays
         except (ValueError, TypeError, KeyError, struct.error, msgpack.UnpackException) as e:
             raise RingError(
-                f"slot {lease.slot} of ring {self.name!r} does not hold a valid message "
+                f"slot {slot} of ring {self.name!r} does not hold a valid message "
                 f"({nbytes} bytes): {e}"
             ) from e
-        finally:
-            raw.release()
-
-    def _parse(self, raw: memoryview, memory: Any, lease: _Lease, nbytes: int) -> Message:
-        magic, version, _flags, narrays, desc_nbytes, trailer_offset, meta_nbytes = (
-            _FRAME.unpack_from(raw, 0)
-        )
-        if magic != _FRAME_MAGIC or version != _FRAME_VERSION:
-            raise ValueError(f"bad frame header {magic!r} version {version}")
-        if trailer_offset + desc_nbytes + meta_nbytes > nbytes:
-            raise ValueError("trailer runs past the message")
-        meta_start = trailer_offset + desc_nbytes
-        descriptors = msgpack.unpackb(raw[trailer_offset:meta_start], use_list=True)
-        meta = bytes(raw[meta_start : meta_start + meta_nbytes])
-        if not isinstance(descriptors, list) or len(descriptors) != narrays:
-            raise ValueError(f"expected {narrays} array descriptors")
-        arrays = []
-        for dtype_str, shape, offset in descriptors:
-            dt = _checked_dtype(dtype_str)
-            dims = _checked_shape(shape)
-            if offset < FRAME_NBYTES or offset + math.prod(dims) * dt.itemsize > nbytes:
-                raise ValueError(
-                    f"array {dtype_str}{dims} at offset {offset} runs past the message"
-                )
-            arrays.append(np.ndarray(dims, dt, buffer=memory, offset=offset))
-        return Message(meta, arrays, nbytes, lease)
 
     def _release_slot(self, slot: int) -> None:
         view = self._view
@@ -678,6 +754,7 @@ class ShmRing:
         view, self._view = self._view, None
         if view is None:
             return
+        self._slot_views = [None] * self.nslots
         try:
             _core.close(view)
         finally:

@@ -207,3 +207,39 @@ def test_native_binding_rejects_bad_arguments() -> None:
         NATIVE.acquire(mem, "soon")
     assert NATIVE.init(mem, 0, SLOT) == NATIVE.BAD_SIZE
     assert NATIVE.commit(mem, 0, -5) == NATIVE.BAD_SIZE
+
+
+@needs_native
+@pytest.mark.parametrize("gap_s", [0.002, 0.0])
+def test_a_native_waiter_sleeps_on_a_slow_peer_and_keeps_up_with_a_fast_one(gap_s) -> None:
+    """The spin before a futex sleep is short, and only grows while waits are short: a
+    consumer waiting on a peer that publishes every 2 ms must not burn its core."""
+    mem = new_ring(NATIVE, nslots=2)
+    count = 150
+    got: list[int] = []
+    cpu: list[float] = []
+
+    def consume() -> None:
+        c0 = time.thread_time()
+        for _ in range(count):
+            status, slot, nbytes = NATIVE.acquire(mem, 5_000_000_000)
+            assert status == NATIVE.OK
+            got.append(nbytes)
+            assert NATIVE.release(mem, slot) == NATIVE.OK
+        cpu.append(time.thread_time() - c0)
+
+    thread = threading.Thread(target=consume)
+    t0 = time.monotonic()
+    thread.start()
+    for i in range(count):
+        status, slot = NATIVE.reserve(mem, 5_000_000_000)
+        assert status == NATIVE.OK
+        assert NATIVE.commit(mem, slot, i + 1) == NATIVE.OK
+        if gap_s:
+            time.sleep(gap_s)
+    thread.join(timeout=30)
+    wall = time.monotonic() - t0
+    assert got == list(range(1, count + 1))
+    if gap_s:
+        # Spinning through the gaps would cost about the whole wall time.
+        assert cpu[0] < 0.25 * wall, (cpu[0], wall)
