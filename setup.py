@@ -1,4 +1,5 @@
-"""Builds the native shared-memory ring (native/) as ``zephon._ring``.
+"""Builds the native parts (native/): the shared-memory ring as ``zephon._ring`` and the
+work sources' Feistel permutation as ``zephon._permute``.
 
 Everything else about the package lives in pyproject.toml.
 """
@@ -12,6 +13,11 @@ setup(
             sources=["native/ring.c", "native/ring_module.c"],
             include_dirs=["native"],
             extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Werror"],
-        )
+        ),
+        Extension(
+            "zephon._permute",
+            sources=["native/permute_module.c"],
+            extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Werror"],
+        ),
     ]
 )

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import functools
 import operator
+import os
+from types import ModuleType
 
 import numpy as np
 
@@ -33,6 +35,21 @@ MAX_N = 2**63
 # holds a handful of samples per component and dataset epoch). Both paths compute the same
 # function; the tests check that they agree.
 _SCALAR_MAX = 16
+
+
+def _native() -> ModuleType | None:
+    """The C version of the array path (``zephon._permute``), unless it is not built or
+    ``ZEPHON_PURE_PYTHON=1`` asks for pure Python."""
+    if os.environ.get("ZEPHON_PURE_PYTHON") == "1":
+        return None
+    try:
+        from zephon import _permute
+    except ImportError:
+        return None
+    return _permute
+
+
+_NATIVE = _native()
 
 _MASK64 = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
@@ -150,12 +167,19 @@ def permute(positions: np.ndarray | list[int] | int, n: int, key: int) -> np.nda
     if flat.size <= _SCALAR_MAX:
         images = [_permute_scalar(int(x), n, half_bits, round_keys) for x in flat.tolist()]
         return np.array(images, dtype=np.int64).reshape(shape)
+    if _NATIVE is not None:
+        out = np.empty(flat.size, dtype=np.uint64)
+        _NATIVE.permute_into(flat.astype(np.uint64), out, n, half_bits, round_keys)
+        return out.astype(np.int64).reshape(shape)
     out = _feistel(flat.astype(np.uint64), half_bits, round_keys)
     # Cycle walking: the network permutes range(2**(2*half_bits)); following the cycle of
     # an out-of-range image until it re-enters range(n) gives a bijection of range(n).
     un = np.uint64(n)
     todo = np.flatnonzero(out >= un)
-    while todo.size:
+    while todo.size > _SCALAR_MAX:
         out[todo] = _feistel(out[todo], half_bits, round_keys)
         todo = todo[out[todo] >= un]
+    # The walk's long tail (a few elements, several more steps each) is cheaper per element.
+    for i in todo.tolist():
+        out[i] = _permute_scalar(int(out[i]), n, half_bits, round_keys)
     return out.astype(np.int64).reshape(shape)

@@ -341,18 +341,6 @@ class StaticMixtureWorkSource:
 
     # ---------------------------------------------------------------------------- stream
 
-    def _pick(self) -> int:
-        """One smooth-weighted-round-robin pick over the active components."""
-        best = -1
-        best_value = -math.inf
-        for c in self._active:
-            value = self._current[c] + self._weights[c]
-            self._current[c] = value
-            if value > best_value:  # strict: ties go to the lowest component
-                best, best_value = c, value
-        self._current[best] -= self._active_total
-        return best
-
     def _sample_indices(self, c: int, positions: np.ndarray) -> np.ndarray:
         """Dataset indices of this lane's consecutive samples ``positions`` of component c.
 
@@ -381,32 +369,68 @@ class StaticMixtureWorkSource:
             out[sel] = permute(within[sel], n, mix64(self._seed, c, e))
         return out
 
+    def _weighted_picks(self) -> tuple[np.ndarray, np.ndarray]:
+        comps: list[int] = []
+        positions: list[int] = []
+        pos, current, weights = self._positions, self._current, self._weights
+        active, total = self._active, self._active_total
+        for _ in range(self._chunk_size):
+            # One smooth-weighted-round-robin pick over the active components.
+            best, best_value = -1, -math.inf
+            for c in active:
+                value = current[c] + weights[c]
+                current[c] = value
+                if value > best_value:  # strict: ties go to the lowest component
+                    best, best_value = c, value
+            current[best] -= total
+            p = pos[best]
+            comps.append(best)
+            positions.append(p)
+            pos[best] = p + 1
+            if self._limits is not None and p + 1 >= self._limits[best]:
+                self._exhausted[best] = True
+                current[best] = 0.0
+                self._refresh_active()
+                active, total = self._active, self._active_total
+                if not active:
+                    break
+        return np.asarray(comps, dtype=np.int32), np.asarray(positions, dtype=np.int64)
+
+    def _single_component_picks(self) -> tuple[np.ndarray, np.ndarray]:
+        """What ``_weighted_picks`` does when one component is left, without a loop."""
+        (c,) = self._active
+        p = self._positions[c]
+        k = self._chunk_size
+        if self._limits is not None:
+            k = min(k, self._limits[c] - p)
+        # Each pick adds the weight and takes the total back off; in floating point that
+        # is usually a fixed point, and when it is not the steps are replayed exactly.
+        w, total, cur = self._weights[c], self._active_total, self._current[c]
+        if (cur + w) - total != cur:
+            for _ in range(k):
+                cur = (cur + w) - total
+        self._current[c] = cur
+        self._positions[c] = p + k
+        if self._is_exhausted(c, p + k):
+            self._exhausted[c] = True
+            self._current[c] = 0.0
+            self._refresh_active()
+        return np.full(k, c, dtype=np.int32), np.arange(p, p + k, dtype=np.int64)
+
     def next_chunk(self) -> WorkChunk | None:
         """The lane's next chunk of up to ``chunk_size`` pointers, or None once every
         component is exhausted."""
         if not self._active:
             return None
-        comps: list[int] = []
-        positions: list[int] = []
-        for _ in range(self._chunk_size):
-            if not self._active:
-                break
-            c = self._pick()
-            p = self._positions[c]
-            comps.append(c)
-            positions.append(p)
-            self._positions[c] = p + 1
-            if self._is_exhausted(c, p + 1):
-                self._exhausted[c] = True
-                self._current[c] = 0.0
-                self._refresh_active()
-
-        components = np.asarray(comps, dtype=np.int32)
-        pos = np.asarray(positions, dtype=np.int64)
-        indices = np.empty(len(comps), dtype=np.int64)
-        for c in np.unique(components).tolist():
-            sel = components == c
-            indices[sel] = self._sample_indices(c, pos[sel])
+        if len(self._active) == 1:
+            components, pos = self._single_component_picks()
+            indices = self._sample_indices(int(components[0]), pos)
+        else:
+            components, pos = self._weighted_picks()
+            indices = np.empty(len(components), dtype=np.int64)
+            for c in set(components.tolist()):
+                sel = components == c
+                indices[sel] = self._sample_indices(c, pos[sel])
         chunk_id = self._next_chunk_id
         self._next_chunk_id += 1
         return WorkChunk(

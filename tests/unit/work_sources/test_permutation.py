@@ -134,3 +134,38 @@ def test_mix64() -> None:
     assert mix64(-1) == mix64(2**64 - 1)  # documented: arguments are taken modulo 2**64
     with pytest.raises(TypeError):
         mix64(1.5)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("n", [2, 17, 1000, 20000, 2**20 + 1, 2**40 + 5, MAX_N])
+@pytest.mark.parametrize("key", [0, 9, -1])
+def test_native_numpy_and_scalar_paths_agree(n: int, key: int, monkeypatch) -> None:
+    """zephon._permute (C), the numpy network and the pure-Python scalar walk are one
+    function: a native build must not change any data order."""
+    from zephon.work_sources import permutation
+
+    native = permutation._NATIVE
+    if native is None:
+        pytest.skip("zephon._permute is not built (or ZEPHON_PURE_PYTHON=1)")
+    rng = np.random.default_rng(n % 1000 + key % 7)
+    positions = np.unique(rng.integers(0, n, size=min(n, 3000), dtype=np.int64))
+    fast = permute(positions, n, key)
+    monkeypatch.setattr(permutation, "_NATIVE", None)
+    assert fast.tolist() == permute(positions, n, key).tolist()
+    assert fast[:40].tolist() == [int(permute(np.array([p]), n, key)[0]) for p in positions[:40]]
+
+
+def test_native_permute_rejects_bad_arguments() -> None:
+    from zephon.work_sources import permutation
+
+    native = permutation._NATIVE
+    if native is None:
+        pytest.skip("zephon._permute is not built (or ZEPHON_PURE_PYTHON=1)")
+    src, out = np.arange(4, dtype=np.uint64), np.empty(4, dtype=np.uint64)
+    with pytest.raises(ValueError, match="position 3 is not below n=3"):
+        native.permute_into(src, out, 3, 1, (1, 2))
+    with pytest.raises(ValueError, match="same length"):
+        native.permute_into(src, out[:2], 10, 2, (1, 2))
+    with pytest.raises(ValueError, match="half_bits"):
+        native.permute_into(src, out, 10, 0, (1, 2))
+    with pytest.raises(ValueError, match="round keys"):
+        native.permute_into(src, out, 10, 2, ())
