@@ -111,13 +111,15 @@ class LaneTracker:
     def close(self, contributors: list[Contributor]) -> None:
         """Count delivered (or tombstoned) children; unknown chunks are a bug upstream."""
         inflight = self.inflight
+        track: ChunkTrack | None = None
         for chunk_id, offset, child, is_last in contributors:
-            track = inflight.get(chunk_id)
-            if track is None:
-                raise RuntimeError(
-                    f"lane {self.lane}: delivery names chunk {chunk_id}, which is not in flight "
-                    f"(in flight: {list(inflight)[:8]}...); this is a Zephon bug"
-                )
+            if track is None or track.chunk.chunk_id != chunk_id:  # pieces come in runs
+                track = inflight.get(chunk_id)
+                if track is None:
+                    raise RuntimeError(
+                        f"lane {self.lane}: delivery names chunk {chunk_id}, which is not in "
+                        f"flight (in flight: {list(inflight)[:8]}...); this is a Zephon bug"
+                    )
             track.add(offset, child, is_last)
 
     def deliver(self, contributors: list[Contributor], last_cursor: SampleCursor | None) -> None:

@@ -79,10 +79,10 @@ def _flat(contributors: list[Contributor]) -> list[int]:
 
 
 def _unflat(flat: list[int]) -> list[Contributor]:
-    return [
-        Contributor(flat[i], flat[i + 1], flat[i + 2], bool(flat[i + 3]))
-        for i in range(0, len(flat), 4)
-    ]
+    """Plain ``(chunk_id, offset, child, is_last)`` tuples, which is all the parent's
+    tracking reads (building Contributor objects would cost a call per piece)."""
+    it = iter(flat)
+    return list(zip(it, it, it, it, strict=True))  # type: ignore[arg-type]
 
 
 def _pack(obj: Any) -> bytes:
@@ -789,7 +789,7 @@ class ProcessExecutor:
             data = meta["value"]
         if not self.zero_copy:
             msg.release()
-        mix = {int(c): int(w) for c, w in meta["mix"]}
+        mix = dict(meta["mix"])
         contributors = _unflat(meta["contributors"])
         if "last" in meta:
             rec: Record = BatchRecord(
