@@ -116,6 +116,9 @@ def main() -> None:
             )
             mngr.wait_until_finished()
         if done == args.crash_after:
+            # Every process finishes the step first: a peer killed while another is still
+            # inside a collective would make that one abort instead of being killed.
+            multihost_utils.sync_global_devices(f"crash-{done}")
             os.kill(os.getpid(), signal.SIGKILL)
     mngr.close()
     it.close()
