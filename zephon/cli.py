@@ -199,7 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     i.add_argument("path")
     i.add_argument("--json", action="store_true")
     i.set_defaults(fn=inspect)
-    sub.add_parser("bench", help="run the benchmark suite (from a source checkout; --help for its options)")
+    sub.add_parser(
+        "bench", help="run the benchmark suite (from a source checkout; --help for its options)"
+    )
     args = parser.parse_args(argv)
     return int(args.fn(args))
 

@@ -1,6 +1,6 @@
 """One rank of a multi-process job: iterate, checkpoint through a round, save the result.
 
-    python _ranks_pipeline.py RANK WORLD WORKERS STEPS OUT_PREFIX [--dir D | --etcd URL] [--restore CKPT]
+python _ranks_pipeline.py RANK WORLD WORKERS STEPS OUT_PREFIX [--dir D | --etcd URL] [--restore CKPT]
 """
 
 from __future__ import annotations
@@ -45,7 +45,9 @@ def main() -> None:
         seen = []
         for _ in range(a.steps):
             batch = next(pipe)
-            digest = hashlib.sha256(b"".join(np.ascontiguousarray(batch[k]).tobytes() for k in sorted(batch)))
+            digest = hashlib.sha256(
+                b"".join(np.ascontiguousarray(batch[k]).tobytes() for k in sorted(batch))
+            )
             seen.append([pipe.last_batch_lanes[0], digest.hexdigest()[:16]])
         state = pipe.checkpoint()
     zp.save(f"{a.out}.zph", state)

@@ -55,6 +55,7 @@ _VANISHED_WAIT_S = 0.5  # get() of a key check() just saw; longer means it was d
 class _Vanished(Exception):
     """A key disappeared between check() and get() (another rank deleted it)."""
 
+
 DEFAULT_CONNECT_TIMEOUT_S = 300.0
 #: the libuv TCPStore server refuses messages over 8 MiB; half leaves margin for the key
 DEFAULT_PART_SIZE_BYTES = 4 << 20
