@@ -16,9 +16,11 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
+
+_T = TypeVar("_T")
 
 # ---------------------------------------------------------------------------------------------
 # CPU accounting
@@ -232,7 +234,7 @@ def measure_throughput(
 
 def interleaved_repeats(
     candidates: Mapping[str, Callable[[], Any]],
-    repeats: int,
+    repeats: int | Mapping[str, int],
     *,
     rotate: bool = False,
     on_result: Callable[[str, int, Any], None] | None = None,
@@ -241,16 +243,25 @@ def interleaved_repeats(
 
     Alternating spreads machine noise (thermal, neighbours, page cache) over all candidates
     instead of letting it land on one. With ``rotate``, round r starts at candidate r mod n
-    (A B C, B C A, ...), which also evens out position effects. Returns each candidate's
-    results in run order; :func:`summarize` turns them into median/min/max.
+    (A B C, B C A, ...), which also evens out position effects. ``repeats`` may also give a
+    count per candidate: a candidate leaves the rounds once it has run its count (with
+    ``rotate``, round r then starts at r mod the number still running). Returns each
+    candidate's results in run order; :func:`summarize` turns them into median/min/max.
     """
-    if repeats <= 0:
-        raise ValueError(f"repeats must be positive, got {repeats}")
     names = list(candidates)
+    if isinstance(repeats, int):
+        counts = dict.fromkeys(names, repeats)
+        if repeats <= 0:
+            raise ValueError(f"repeats must be positive, got {repeats}")
+    else:
+        counts = {name: repeats[name] for name in names}
+        if any(c <= 0 for c in counts.values()):
+            raise ValueError(f"repeats must be positive, got {counts}")
     results: dict[str, list[Any]] = {name: [] for name in names}
-    for r in range(repeats):
-        order = names[r % len(names) :] + names[: r % len(names)] if rotate else names
-        for name in order:
+    for r in range(max(counts.values(), default=0)):
+        active = [name for name in names if counts[name] > r]
+        start = r % len(active) if rotate else 0
+        for name in active[start:] + active[:start]:
             gc.collect()
             res = candidates[name]()
             results[name].append(res)
@@ -259,12 +270,51 @@ def interleaved_repeats(
     return results
 
 
+def time_calls(fn: Callable[[], _T], calls: int) -> tuple[list[float], _T]:
+    """Call ``fn`` ``calls`` times in a row: the wall seconds of each call and the last result."""
+    if calls <= 0:
+        raise ValueError(f"calls must be positive, got {calls}")
+    times = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - t0)
+    return times, result
+
+
 def summarize(values: Sequence[float]) -> dict[str, float]:
     """median / min / max / n of a list of numbers (NaNs ignored)."""
     xs = [float(v) for v in values if v is not None and not math.isnan(float(v))]
     if not xs:
         return {"median": math.nan, "min": math.nan, "max": math.nan, "n": 0}
     return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
+
+
+def median_and_range(
+    label: str, values: Sequence[float], *, scale: float = 1.0, digits: int = 1
+) -> dict[str, Any]:
+    """Two table columns from repeated measurements: ``label``, the median, and ``label +
+    " range"``, ``"min–max"``; both scaled by ``scale`` and given to ``digits`` decimals. Without
+    a measurement both are None."""
+    s = summarize(values)
+    if s["n"] == 0:
+        return {label: None, f"{label} range": None}
+    lo, hi = s["min"] * scale, s["max"] * scale
+    return {
+        label: round(s["median"] * scale, digits),
+        f"{label} range": f"{lo:.{digits}f}–{hi:.{digits}f}",
+    }
+
+
+def copy_batch(batch: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """A batch as ordinary arrays of its own (not views into a loader's shared memory, which
+    can then be released)."""
+    return {k: np.array(v, copy=True) for k, v in batch.items()}
+
+
+def batches_equal(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Whether two batches have the same keys and equal arrays under each."""
+    return a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
 
 
 def summarize_results(

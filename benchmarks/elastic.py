@@ -29,7 +29,14 @@ many documents repeat. (Grain's state holds one entry per worker and each worker
 own slice ``i::num_workers`` of the data, so its state is tied to the worker count; likewise
 a per-process shard of a multi-host job is tied to the process count.)
 
-    python -m benchmarks.elastic [--quick] [--no-grain] [--results DIR]
+Each checkpoint is taken once; then, in each of 3 repetitions, every case's restore (with its
+T batches) and fresh start run one after another, Zephon's and Grain's alike, in an order
+rotated between repetitions, so machine noise lands on all of them. The times are medians
+with their min-max range. Every repetition must deliver the same batches as the first (a row
+that does not is marked DIVERGED); the exactness columns are the first's. A Grain restore
+that raises is tried once and its fresh start is not timed: there is no time to compare.
+
+    python -m benchmarks.elastic [--quick] [--repeats N] [--no-grain] [--results DIR]
 """
 
 from __future__ import annotations
@@ -37,14 +44,22 @@ from __future__ import annotations
 import argparse
 import gc
 import hashlib
+import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from benchmarks.common import print_table, write_results
+from benchmarks.common import (
+    copy_batch,
+    interleaved_repeats,
+    median_and_range,
+    print_table,
+    write_results,
+)
 from benchmarks.flush_tradeoff import doc_tags, lm_shuffle_pipeline, tagged_docs
 from zephon.pipeline import merge_states
 
@@ -58,13 +73,13 @@ def digest(batch: dict[str, Any]) -> str:
     return h.hexdigest()[:16]
 
 
+@dataclass
 class Tape:
     """What a run delivered: per-lane digests, the global sequence, document tags."""
 
-    def __init__(self) -> None:
-        self.lanes: dict[int, list[str]] = {}
-        self.stream: list[str] = []
-        self.docs: list[int] = []
+    lanes: dict[int, list[str]] = field(default_factory=dict)
+    stream: list[str] = field(default_factory=list)
+    docs: list[int] = field(default_factory=list)
 
     def record(self, batch: dict[str, Any], lanes: Sequence[int]) -> None:
         d = digest(batch)
@@ -88,7 +103,7 @@ def take(pipe: Any, steps: int, tape: Tape | None = None) -> Tape:
     return tape
 
 
-def repeats(before: Tape, after: Tape) -> int:
+def repeated_docs(before: Tape, after: Tape) -> int:
     """Documents whose first piece was delivered both before and after the restore."""
     return len(set(before.docs) & set(after.docs))
 
@@ -108,6 +123,22 @@ def lanes_exact(reference: dict[int, list[str]], before: Tape, after: Tape) -> t
         if after.lanes.get(lane) and got == reference[lane][: len(got)]:
             ok += 1
     return ok, LANES
+
+
+@dataclass
+class Case:
+    """One restore situation, checkpointed once and resumed as often as wanted.
+
+    ``resume()`` builds the new loader(s), restores the checkpoint and runs them: the seconds
+    from building to the first batch (None where it failed) and what they delivered.
+    ``fresh()``: seconds from building the same topology to its first batch, without a restore
+    (None: not measured). ``verdict(delivered)``: the exactness columns of one resume.
+    """
+
+    labels: dict[str, str]
+    resume: Callable[[], tuple[float | None, Any]]
+    fresh: Callable[[], float | None]
+    verdict: Callable[[Any], dict[str, Any]]
 
 
 class Zephon:
@@ -134,7 +165,7 @@ class Zephon:
 
     def first_batch(
         self, state: dict[str, Any] | None, steps: int, **kw: Any
-    ) -> tuple[Tape, float]:
+    ) -> tuple[float, Tape]:
         """Build, restore ``state`` (if any), take ``steps`` batches; time to the first."""
         t0 = time.perf_counter()
         with self.build(**kw) as p:
@@ -143,41 +174,46 @@ class Zephon:
             tape = take(p, 1)
             first_s = time.perf_counter() - t0
             take(p, steps - 1, tape)
-        return tape, first_s
+        return first_s, tape
 
-    def workers_case(self, before_workers: int, after: Sequence[int], s: int, t: int) -> list[dict]:
+    def workers_cases(
+        self, before_workers: int, after: Sequence[int], s: int, t: int
+    ) -> list[Case]:
         with self.build(workers=before_workers) as p:
             before = take(p, s)
             state = p.checkpoint()
-        rows = []
-        for w in after:
-            tape, first_s = self.first_batch(state, t, workers=w)
-            _, fresh_s = self.first_batch(None, 1, workers=w)
+
+        def verdict(tape: Tape) -> dict[str, Any]:
             # Same world size: the round-robin position is restored too, so the whole stream
             # (not only each lane) must equal the uninterrupted one.
             full = before.stream + tape.stream
             ref = self.reference(_need(before, tape), len(full))
-            uninterrupted = ref.stream[: len(full)]
+            stream_exact = full == ref.stream[: len(full)]
             ok, n = lanes_exact(ref.lanes, before, tape)
-            rows.append(
-                {
+            return {
+                "lanes exact": f"{ok}/{n}",
+                "stream exact": stream_exact,
+                "docs repeated": repeated_docs(before, tape),
+                "outcome": "continues exactly" if ok == n and stream_exact else "DIVERGED",
+            }
+
+        return [
+            Case(
+                labels={
                     "loader": "zephon",
                     "checkpoint from": f"1 rank, {before_workers} workers",
                     "restored into": f"1 rank, {w} worker{'s' if w != 1 else ''}",
-                    "first batch ms": round(first_s * 1e3, 1),
-                    "fresh start ms": round(fresh_s * 1e3, 1),
-                    "lanes exact": f"{ok}/{n}",
-                    "stream exact": full == uninterrupted,
-                    "docs repeated": repeats(before, tape),
-                    "outcome": "continues exactly"
-                    if ok == n and full == uninterrupted
-                    else "DIVERGED",
-                }
+                },
+                resume=lambda w=w: self.first_batch(state, t, workers=w),
+                fresh=lambda w=w: self.first_batch(None, 1, workers=w)[0],
+                verdict=verdict,
             )
-        return rows
+            for w in after
+        ]
 
-    def ranks_case(self, before_steps: Sequence[int], after_world: int, t: int) -> dict:
-        """Interleave output: 4 ranks -> merged -> ``after_world`` ranks."""
+    def ranks_case(self, before_steps: Sequence[int], after_world: int, t: int) -> Case:
+        """Interleave output: 4 ranks -> merged -> ``after_world`` ranks (run one after
+        another; the time to the first batch is the worst rank's)."""
         world = len(before_steps)
         before = Tape()
         states = []
@@ -186,165 +222,259 @@ class Zephon:
                 take(p, steps, before)
                 states.append(p.checkpoint())
         merged = merge_states(states)
-        after = Tape()
-        first, fresh = [], []
-        for rank in range(after_world):
-            tape, first_s = self.first_batch(merged, t, rank=rank, world_size=after_world)
-            after.extend(tape)
-            first.append(first_s)
-            fresh.append(self.first_batch(None, 1, rank=rank, world_size=after_world)[1])
-        ok, n = lanes_exact(self.reference(_need(before, after)).lanes, before, after)
-        return {
-            "loader": "zephon",
-            "checkpoint from": f"{world} ranks (interleave)",
-            "restored into": f"{after_world} ranks",
-            "first batch ms": round(max(first) * 1e3, 1),
-            "fresh start ms": round(max(fresh) * 1e3, 1),
-            "lanes exact": f"{ok}/{n}",
-            "stream exact": None,
-            "docs repeated": repeats(before, after),
-            "outcome": "continues exactly" if ok == n else "DIVERGED",
-        }
 
-    def lockstep_case(self, world: int, after_world: int, s: int, t: int) -> dict:
+        def resume() -> tuple[float, Tape]:
+            after = Tape()
+            first = []
+            for rank in range(after_world):
+                first_s, tape = self.first_batch(merged, t, rank=rank, world_size=after_world)
+                after.extend(tape)
+                first.append(first_s)
+            return max(first), after
+
+        def fresh() -> float:
+            return max(
+                self.first_batch(None, 1, rank=rank, world_size=after_world)[0]
+                for rank in range(after_world)
+            )
+
+        def verdict(after: Tape) -> dict[str, Any]:
+            ok, n = lanes_exact(self.reference(_need(before, after)).lanes, before, after)
+            return {
+                "lanes exact": f"{ok}/{n}",
+                "stream exact": None,
+                "docs repeated": repeated_docs(before, after),
+                "outcome": "continues exactly" if ok == n else "DIVERGED",
+            }
+
+        return Case(
+            labels={
+                "loader": "zephon",
+                "checkpoint from": f"{world} ranks (interleave)",
+                "restored into": f"{after_world} ranks",
+            },
+            resume=resume,
+            fresh=fresh,
+            verdict=verdict,
+        )
+
+    def global_batches(
+        self, w: int, steps: int, state: dict | None = None
+    ) -> tuple[float, list[str], list[int], dict]:
+        """Lockstep run of ``w`` ranks: seconds to the first global batch, the global
+        batches' digests, their document tags, and the ranks' merged checkpoint."""
+        pipes = [self.build(rank=r, world_size=w, output="lockstep") for r in range(w)]
+        try:
+            t0 = time.perf_counter()
+            if state is not None:
+                for p in pipes:
+                    p.restore(state)
+            out, docs = [], []
+            first_s = 0.0
+            for i in range(steps):
+                parts = [next(p) for p in pipes]
+                if i == 0:
+                    first_s = time.perf_counter() - t0
+                merged_batch = {k: np.concatenate([b[k] for b in parts]) for k in parts[0]}
+                out.append(digest(merged_batch))
+                docs.extend(doc_tags(merged_batch["tokens"]).tolist())
+            return first_s, out, docs, merge_states([p.checkpoint() for p in pipes])
+        finally:
+            for p in pipes:
+                p.close()
+
+    def lockstep_case(self, world: int, after_world: int, s: int, t: int) -> Case:
         """Lockstep output: global batch at step i = concatenation of the ranks' batches;
         it must be the same for any world size."""
+        _, ref, _, _ = self.global_batches(1, s + t)
+        _, head, docs_before, merged = self.global_batches(world, s)
 
-        def global_batches(
-            w: int, steps: int, state: dict | None = None
-        ) -> tuple[list[str], dict, float, list]:
-            pipes = [self.build(rank=r, world_size=w, output="lockstep") for r in range(w)]
-            try:
-                t0 = time.perf_counter()
-                if state is not None:
-                    for p in pipes:
-                        p.restore(state)
-                out, docs = [], []
-                first_s = 0.0
-                for i in range(steps):
-                    parts = [next(p) for p in pipes]
-                    if i == 0:
-                        first_s = time.perf_counter() - t0
-                    merged_batch = {k: np.concatenate([b[k] for b in parts]) for k in parts[0]}
-                    out.append(digest(merged_batch))
-                    docs.extend(doc_tags(merged_batch["tokens"]).tolist())
-                return out, merge_states([p.checkpoint() for p in pipes]), first_s, docs
-            finally:
-                for p in pipes:
-                    p.close()
+        def resume() -> tuple[float, tuple[list[str], list[int]]]:
+            first_s, tail, docs_after, _ = self.global_batches(after_world, t, merged)
+            return first_s, (tail, docs_after)
 
-        ref, _, _, _ = global_batches(1, s + t)
-        head, merged, _, docs_before = global_batches(world, s)
-        tail, _, first_s, docs_after = global_batches(after_world, t, merged)
-        _, _, fresh_s, _ = global_batches(after_world, 1)
-        exact = head + tail == ref
-        return {
-            "loader": "zephon",
-            "checkpoint from": f"{world} ranks (lockstep)",
-            "restored into": f"{after_world} ranks",
-            "first batch ms": round(first_s * 1e3, 1),
-            "fresh start ms": round(fresh_s * 1e3, 1),
-            "lanes exact": f"{LANES}/{LANES}" if exact else "-",
-            "stream exact": exact,
-            "docs repeated": len(set(docs_before) & set(docs_after)),
-            "outcome": "same global batches" if exact else "DIVERGED",
-        }
+        def verdict(delivered: tuple[list[str], list[int]]) -> dict[str, Any]:
+            tail, docs_after = delivered
+            exact = head + tail == ref
+            return {
+                "lanes exact": f"{LANES}/{LANES}" if exact else "-",
+                "stream exact": exact,
+                "docs repeated": len(set(docs_before) & set(docs_after)),
+                "outcome": "same global batches" if exact else "DIVERGED",
+            }
+
+        return Case(
+            labels={
+                "loader": "zephon",
+                "checkpoint from": f"{world} ranks (lockstep)",
+                "restored into": f"{after_world} ranks",
+            },
+            resume=resume,
+            fresh=lambda: self.global_batches(after_world, 1)[0],
+            verdict=verdict,
+        )
 
 
-def _plain(batch: dict[str, Any]) -> dict[str, np.ndarray]:
-    """Copy out of Grain's shared memory so the segment can go."""
-    return {k: np.array(v, copy=True) for k, v in batch.items()}
+class GrainResume:
+    """Grain's ``mp_prefetch(2)`` state, as JSON, set into an ``mp_prefetch(workers)``
+    iterator. An attempt that raises is recorded and not repeated (nor is its fresh start
+    timed): there is no time to the first batch to measure."""
+
+    def __init__(self, docs: list[str], state_json: str, expected: list[str], workers: int) -> None:
+        self.docs = docs
+        self.state_json = state_json
+        self.expected = expected
+        self.workers = workers
+        self.failure: tuple[Tape, str] | None = None
+
+    def resume(self) -> tuple[float | None, tuple[Tape, str | None]]:
+        """Seconds to the first batch (None if anything raised) and (what was delivered,
+        the error)."""
+        from benchmarks.grain_baseline import grain_lm_iter
+
+        if self.failure is not None:
+            return None, self.failure
+        state = json.loads(self.state_json)
+        after = Tape()
+        t0 = time.perf_counter()
+        it = grain_lm_iter(self.docs, 0, workers=self.workers)
+        stage = "set_state"
+        try:
+            it.set_state(state)
+            stage = "the first next()"
+            batch = copy_batch(next(it))
+            first_s = time.perf_counter() - t0
+            stage = "next()"
+            after.record(batch, ())
+            for _ in range(len(self.expected) - 1):
+                after.record(copy_batch(next(it)), ())
+            return first_s, (after, None)
+        except Exception as e:  # noqa: BLE001 - recording what Grain does is the point
+            self.failure = (after, f"{stage} raises {type(e).__name__}: {e}")
+            return None, self.failure
+        finally:
+            it.close()
+            del it
+            gc.collect()
+
+    def fresh(self) -> float | None:
+        from benchmarks.grain_baseline import grain_lm_iter
+
+        if self.failure is not None:
+            return None
+        t0 = time.perf_counter()
+        it = grain_lm_iter(self.docs, 0, workers=self.workers)
+        try:
+            copy_batch(next(it))
+            return time.perf_counter() - t0
+        finally:
+            it.close()
+            del it
+            gc.collect()
 
 
-def grain_case(docs: list[str], s: int, t: int, targets: Sequence[int]) -> list[dict]:
+def grain_verdict(
+    before: Tape, expected: list[str], delivered: tuple[Tape, str | None]
+) -> dict[str, Any]:
+    after, error = delivered
+    t = len(expected)
+    same = sum(a == e for a, e in zip(after.stream, expected, strict=False))
+    cols: dict[str, Any] = {"lanes exact": None, "stream exact": None, "docs repeated": None}
+    if after.stream:
+        cols["stream exact"] = error is None and same == t
+        cols["docs repeated"] = repeated_docs(before, after)
+    if error is None:
+        cols["outcome"] = (
+            "continues exactly"
+            if same == t
+            else f"runs, different data: {same}/{t} batches equal the continuation"
+        )
+    else:
+        got = len(after.stream)
+        prefix = (
+            f"{got} batch(es) delivered ({same} equal to the continuation), then " if got else ""
+        )
+        cols["outcome"] = prefix + error
+    return cols
+
+
+def grain_cases(docs: list[str], s: int, t: int, targets: Sequence[int]) -> list[Case]:
     from benchmarks.grain_baseline import grain_lm_iter
 
     it = grain_lm_iter(docs, 0, workers=2)
     try:
         before = Tape()
         for _ in range(s):
-            b = _plain(next(it))
-            before.record(b, ())
-        state = it.get_state()
-        expected = [digest(_plain(next(it))) for _ in range(t)]
+            before.record(copy_batch(next(it)), ())
+        state_json = json.dumps(it.get_state())
+        expected = [digest(copy_batch(next(it))) for _ in range(t)]
     finally:
         it.close()
         del it
         gc.collect()
-    rows = []
+    cases = []
     for w in targets:
-        row: dict[str, Any] = {
-            "loader": "grain 0.2.18",
-            "checkpoint from": "mp_prefetch(2)",
-            "restored into": f"mp_prefetch({w})",
-            "fresh start ms": None,
-            "lanes exact": None,
-            "stream exact": None,
-            "docs repeated": None,
-        }
-        t0 = time.perf_counter()
-        it = grain_lm_iter(docs, 0, workers=w)
-        stage = "set_state"
-        try:
-            it.set_state(state)
-            stage = "the first next()"
-            after = Tape()
-            b = _plain(next(it))
-            stage = "next()"
-            row["first batch ms"] = round((time.perf_counter() - t0) * 1e3, 1)
-            after.record(b, ())
-            for _ in range(t - 1):
-                after.record(_plain(next(it)), ())
-            same = sum(a == e for a, e in zip(after.stream, expected, strict=True))
-            row["stream exact"] = same == t
-            row["docs repeated"] = repeats(before, after)
-            row["outcome"] = (
-                "continues exactly"
-                if same == t
-                else f"runs, different data: {same}/{t} batches equal the continuation"
+        g = GrainResume(docs, state_json, expected, w)
+        cases.append(
+            Case(
+                labels={
+                    "loader": "grain 0.2.18",
+                    "checkpoint from": "mp_prefetch(2)",
+                    "restored into": f"mp_prefetch({w})",
+                },
+                resume=g.resume,
+                fresh=g.fresh,
+                verdict=lambda delivered: grain_verdict(before, expected, delivered),
             )
-        except Exception as e:  # noqa: BLE001 - recording what Grain does is the point
-            row["first batch ms"] = None
-            got = after.stream if stage == "next()" else []
-            if got:
-                row["stream exact"] = False
-                row["docs repeated"] = repeats(before, after)
-            same = sum(a == x for a, x in zip(got, expected, strict=False))
-            prefix = (
-                f"{len(got)} batch(es) delivered ({same} equal to the continuation), then "
-                if got
-                else ""
-            )
-            row["outcome"] = f"{prefix}{stage} raises {type(e).__name__}: {e}"
-        finally:
-            it.close()
-            del it
-            gc.collect()
-        if row["first batch ms"] is not None:
-            row["fresh start ms"] = round(_grain_fresh_s(docs, w) * 1e3, 1)
-        rows.append(row)
+        )
+    return cases
+
+
+def consistent(verdict: dict[str, Any], delivered: Sequence[Any]) -> dict[str, Any]:
+    """``verdict`` (of the first repetition) when every repetition delivered the same;
+    otherwise marked as diverged."""
+    differ = [r for r, d in enumerate(delivered) if d != delivered[0]]
+    if not differ:
+        return verdict
+    return {
+        **verdict,
+        "stream exact": False,
+        "outcome": f"DIVERGED: repetition(s) {differ} delivered other batches than the first",
+    }
+
+
+def measure(cases: Sequence[Case], repeats: int) -> list[dict[str, Any]]:
+    """Every case's resume and fresh start, interleaved and rotated; one row per case."""
+    cands: dict[str, Callable[[], Any]] = {}
+    for i, case in enumerate(cases):
+        cands[f"{i} resume"] = case.resume
+        cands[f"{i} fresh"] = case.fresh
+    runs = interleaved_repeats(cands, repeats, rotate=True)
+    rows = []
+    for i, case in enumerate(cases):
+        resumes = runs[f"{i} resume"]
+        delivered = [d for _, d in resumes]
+        first = [f for f, _ in resumes if f is not None]
+        fresh = [f for f in runs[f"{i} fresh"] if f is not None]
+        rows.append(
+            {
+                **case.labels,
+                **median_and_range("first batch ms", first, scale=1e3),
+                **median_and_range("fresh start ms", fresh, scale=1e3),
+                **consistent(case.verdict(delivered[0]), delivered),
+            }
+        )
     return rows
-
-
-def _grain_fresh_s(docs: list[str], workers: int) -> float:
-    from benchmarks.grain_baseline import grain_lm_iter
-
-    t0 = time.perf_counter()
-    it = grain_lm_iter(docs, 0, workers=workers)
-    try:
-        _plain(next(it))
-        return time.perf_counter() - t0
-    finally:
-        it.close()
-        del it
-        gc.collect()
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--quick", action="store_true", help="tiny sizes (CI)")
+    ap.add_argument("--quick", action="store_true", help="tiny sizes, one repetition (CI)")
+    ap.add_argument(
+        "--repeats", type=int, default=None, help="repetitions (default 3; 1 with --quick)"
+    )
     ap.add_argument("--no-grain", action="store_true")
     ap.add_argument("--results", default="bench_results")
     args = ap.parse_args(argv)
@@ -352,6 +482,7 @@ def main(argv: list[str] | None = None) -> int:
         n_docs, chunk_size, s, t, rank_steps = 6000, 16, 20, 16, (5, 9, 2, 7)
     else:
         n_docs, chunk_size, s, t, rank_steps = 20000, 64, 300, 200, (50, 90, 20, 70)
+    repeats = args.repeats if args.repeats is not None else 1 if args.quick else 3
     with_grain = not args.no_grain
     if with_grain:
         try:
@@ -361,11 +492,12 @@ def main(argv: list[str] | None = None) -> int:
             with_grain = False
     docs = tagged_docs(n_docs)
     z = Zephon(docs, chunk_size)
-    rows = z.workers_case(2, (1, 3), s, t)
-    rows.append(z.ranks_case(rank_steps, 2, t))
-    rows.append(z.lockstep_case(4, 2, max(2, s // LANES), max(2, t // LANES)))
+    cases = z.workers_cases(2, (1, 3), s, t)
+    cases.append(z.ranks_case(rank_steps, 2, t))
+    cases.append(z.lockstep_case(4, 2, max(2, s // LANES), max(2, t // LANES)))
     if with_grain:
-        rows.extend(grain_case(docs, s, t, (1, 3, 2)))
+        cases.extend(grain_cases(docs, s, t, (1, 3, 2)))
+    rows = measure(cases, repeats)
     print_table(
         rows,
         [
@@ -373,13 +505,18 @@ def main(argv: list[str] | None = None) -> int:
             "checkpoint from",
             "restored into",
             "first batch ms",
+            "first batch ms range",
             "fresh start ms",
+            "fresh start ms range",
             "lanes exact",
             "stream exact",
             "docs repeated",
             "outcome",
         ],
-        title=f"Elastic resume ({LANES} lanes; {s} batches before, {t} after)",
+        title=(
+            f"Elastic resume ({LANES} lanes; {s} batches before, {t} after; times: median and "
+            f"min–max of {repeats} repetition{'s' if repeats != 1 else ''})"
+        ),
     )
     path = write_results(
         "elastic",
@@ -387,6 +524,7 @@ def main(argv: list[str] | None = None) -> int:
         args.results,
         extra={
             "args": vars(args),
+            "repeats": repeats,
             "lanes": LANES,
             "before": s,
             "after": t,

@@ -66,6 +66,7 @@ Version quirks found by reading the installed 0.2.18 source:
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Iterator, Sequence
@@ -73,6 +74,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.common import batches_equal, copy_batch, time_calls
 from benchmarks.workload import (
     BATCH_SIZE,
     MAX_DOC_BYTES,
@@ -198,59 +200,58 @@ def _close(it) -> None:
         close()
 
 
-def measure_restore(
-    docs: Sequence[str],
-    seed: int,
-    step: int,
-    workers: int = 0,
-    min_shm_size: int | None = None,
-    *,
-    check: bool = True,
-    **kwargs: Any,
-) -> dict[str, Any]:
-    """Checkpoint a Grain iterator after ``step`` batches, restore it into a fresh one.
+class GrainRestore:
+    """A Grain iterator checkpointed once after ``step`` batches, to time fresh starts and
+    restores against (call :meth:`time_fresh` and :meth:`time_restore` as often as wanted).
 
-    Returns ``restore_s`` (fresh iterator + ``set_state`` + first ``next``), ``fresh_s`` (fresh
-    iterator to first batch, no restore), ``checkpoint_s`` (``get_state`` latency),
-    ``state_bytes`` (JSON) and, with ``check``, ``exact``: whether the restored first batch equals
-    the batch the original iterator produced next.
+    Building runs an iterator ``step`` batches, calls ``get_state`` ``checkpoint_calls`` times in
+    a row (``checkpoint_s``: the latency of each), keeps the last state as JSON, as Grain's own
+    checkpoint handler writes it (``state_bytes``), and the batch the iterator produced next.
     """
-    it = grain_lm_iter(docs, seed, workers, min_shm_size, **kwargs)
-    try:
-        for _ in range(step):
-            next(it)
+
+    def __init__(
+        self,
+        docs: Sequence[str],
+        seed: int,
+        step: int,
+        workers: int = 0,
+        min_shm_size: int | None = None,
+        *,
+        checkpoint_calls: int = 5,
+        **kwargs: Any,
+    ) -> None:
+        self._make = functools.partial(grain_lm_iter, docs, seed, workers, min_shm_size, **kwargs)
+        it = self._make()
+        try:
+            for _ in range(step):
+                next(it)
+            self.checkpoint_s, state = time_calls(lambda: get_state(it), checkpoint_calls)
+            self.state_json = json.dumps(state)
+            self.state_bytes = state_nbytes(state)
+            self.expected = copy_batch(next(it))
+        finally:
+            _close(it)
+
+    def time_fresh(self) -> float:
+        """Seconds from a new iterator to its first batch."""
         t0 = time.perf_counter()
-        state = get_state(it)
-        checkpoint_s = time.perf_counter() - t0
-        expected = next(it) if check else None
-    finally:
-        _close(it)
+        it = self._make()
+        try:
+            next(it)
+            return time.perf_counter() - t0
+        finally:
+            _close(it)
 
-    t0 = time.perf_counter()
-    fresh = grain_lm_iter(docs, seed, workers, min_shm_size, **kwargs)
-    try:
-        next(fresh)
-        fresh_s = time.perf_counter() - t0
-    finally:
-        _close(fresh)
-
-    t0 = time.perf_counter()
-    restored = grain_lm_iter(docs, seed, workers, min_shm_size, **kwargs)
-    try:
-        set_state(restored, state)
-        first = next(restored)
-        restore_s = time.perf_counter() - t0
-    finally:
-        _close(restored)
-
-    result: dict[str, Any] = {
-        "step": step,
-        "workers": workers,
-        "restore_s": restore_s,
-        "fresh_s": fresh_s,
-        "checkpoint_s": checkpoint_s,
-        "state_bytes": state_nbytes(state),
-    }
-    if check:
-        result["exact"] = all(np.array_equal(first[k], expected[k]) for k in expected)
-    return result
+    def time_restore(self) -> dict[str, Any]:
+        """``restore_s``: seconds from a new iterator through decoding the JSON state and
+        ``set_state`` to its first batch; ``exact``: whether that batch equals the one the
+        checkpointed iterator produced next."""
+        t0 = time.perf_counter()
+        it = self._make()
+        try:
+            set_state(it, json.loads(self.state_json))
+            first = next(it)
+            restore_s = time.perf_counter() - t0
+            return {"restore_s": restore_s, "exact": batches_equal(first, self.expected)}
+        finally:
+            _close(it)

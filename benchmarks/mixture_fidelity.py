@@ -35,7 +35,13 @@ are exactly those of the documents the work source dealt. Getting the long-run t
 right is the work source's job (weights in documents = token target / mean document tokens);
 ``ensure_mixture`` only smooths how they arrive. The numbers below show both effects.
 
-    python -m benchmarks.mixture_fidelity [--quick] [--no-grain] [--results DIR]
+Throughput (batches/s of the whole loop: start-up to the first batch and the token
+attribution included) is the median, with its min-max range, of 3 repetitions that alternate
+between the approaches in an order rotated each time. The shares and errors are
+deterministic: they come from the first repetition, and every later one must deliver the same
+per-batch token counts.
+
+    python -m benchmarks.mixture_fidelity [--quick] [--repeats N] [--no-grain] [--results DIR]
 """
 
 from __future__ import annotations
@@ -49,7 +55,7 @@ from typing import Any
 import numpy as np
 
 import zephon as zp
-from benchmarks.common import print_table, write_results
+from benchmarks.common import interleaved_repeats, median_and_range, print_table, write_results
 from benchmarks.workload import BATCH_SIZE, BYTE_OFFSET, EOS_ID, NUM_BINS, SEQ_LEN
 
 WINDOW = 50
@@ -178,12 +184,46 @@ def run(make: Callable[[], Any], batches: int) -> tuple[np.ndarray, float]:
     return counts, bps
 
 
+def fidelity(counts: np.ndarray, targets: np.ndarray) -> tuple[dict[str, Any], np.ndarray]:
+    """Table columns for one run's per-batch counts: overall shares and window / single-batch
+    errors; and the window shares (for the plot)."""
+    shares = window_shares(counts)
+    err = np.abs(shares - targets).max(axis=1)
+    batch_err = np.abs(counts / counts.sum(axis=1, keepdims=True) - targets).max(axis=1)
+    overall = counts.sum(axis=0) / counts.sum()
+    cols: dict[str, Any] = {
+        f"{n} share": round(float(s), 3) for n, s in zip(NAMES, overall, strict=True)
+    }
+    cols.update(
+        {
+            "mean |err|": round(float(err.mean()), 4),
+            "max |err|": round(float(err.max()), 4),
+            "1-batch mean |err|": round(float(batch_err.mean()), 4),
+        }
+    )
+    return cols, shares
+
+
+def same_counts(name: str, runs: Sequence[tuple[np.ndarray, float]]) -> np.ndarray:
+    """The per-batch counts of the first run, after checking that every run has the same."""
+    first = runs[0][0]
+    for r, (counts, _) in enumerate(runs[1:], start=1):
+        if not np.array_equal(counts, first):
+            raise AssertionError(
+                f"{name}: repetition {r} delivered other token counts than repetition 0"
+            )
+    return first
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--quick", action="store_true", help="tiny sizes (CI)")
+    ap.add_argument("--quick", action="store_true", help="tiny sizes, one repetition (CI)")
     ap.add_argument("--batches", type=int, default=3000)
+    ap.add_argument(
+        "--repeats", type=int, default=None, help="repetitions (default 3; 1 with --quick)"
+    )
     ap.add_argument("--no-grain", action="store_true")
     ap.add_argument("--results", default="bench_results")
     args = ap.parse_args(argv)
@@ -191,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         batches, n_docs, lanes, chunk_size = 200, 600, 2, 32
     else:
         batches, n_docs, lanes, chunk_size = args.batches, 6000, 8, 64
+    repeats = args.repeats if args.repeats is not None else 1 if args.quick else 3
     if batches <= WINDOW:
         raise SystemExit(f"--batches must exceed the window ({WINDOW})")
     with_grain = not args.no_grain
@@ -223,32 +264,29 @@ def main(argv: list[str] | None = None) -> int:
         approaches["grain mix, weights=targets"] = lambda: grain_mixture_iter(comps, targets)
         approaches["grain mix, weights=targets/len"] = lambda: grain_mixture_iter(comps, corrected)
 
+    results = interleaved_repeats(
+        {name: lambda make=make: run(make, batches) for name, make in approaches.items()},
+        repeats,
+        rotate=True,
+    )
     rows = []
     series: dict[str, np.ndarray] = {}
-    for name, make in approaches.items():
-        counts, bps = run(make, batches)
-        shares = window_shares(counts)
-        series[name] = shares
-        err = np.abs(shares - targets).max(axis=1)
-        batch_err = np.abs(counts / counts.sum(axis=1, keepdims=True) - targets).max(axis=1)
-        overall = counts.sum(axis=0) / counts.sum()
-        row: dict[str, Any] = {"approach": name}
-        row.update({f"{n} share": round(float(s), 3) for n, s in zip(NAMES, overall, strict=True)})
-        row.update(
+    for name, runs in results.items():
+        cols, series[name] = fidelity(same_counts(name, runs), targets)
+        rows.append(
             {
-                "mean |err|": round(float(err.mean()), 4),
-                "max |err|": round(float(err.max()), 4),
-                "1-batch mean |err|": round(float(batch_err.mean()), 4),
-                "batches/s": round(bps, 1),
+                "approach": name,
+                **cols,
+                **median_and_range("batches/s", [bps for _, bps in runs]),
             }
         )
-        rows.append(row)
     print_table(
         rows,
         list(rows[0]),
         title=(
             f"Token share vs targets {dict(zip(NAMES, TARGETS, strict=True))} over windows of "
-            f"{WINDOW} batches ({batches} batches; mean tokens/doc "
+            f"{WINDOW} batches ({batches} batches, batches/s over {repeats} repetition{'s' if repeats != 1 else ''}; "
+            f"mean tokens/doc "
             f"{', '.join(f'{n} {v:.0f}' for n, v in zip(NAMES, lens, strict=True))}; "
             f"element weights = targets would give token shares "
             f"{', '.join(f'{v:.3f}' for v in naive_token_share)})"
@@ -260,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
         args.results,
         extra={
             "args": vars(args),
+            "repeats": repeats,
             "window": WINDOW,
             "targets": dict(zip(NAMES, TARGETS, strict=True)),
             "mean_tokens_per_doc": dict(zip(NAMES, lens, strict=True)),

@@ -1,11 +1,19 @@
 """Question 2: restore cost and checkpoint size against the step and the lane count.
 
-For Zephon and Grain: time from a fresh loader to its first batch after restoring a
-checkpoint taken at step 10, 1,000 and 10,000, against a fresh start; checkpoint bytes
-(Zephon: the zstd file ``zp.save`` writes; Grain: its JSON state) and ``checkpoint()``
-latency. Then Zephon's checkpoint bytes per lane and latency for canonical_replicas 1, 8, 64.
+For Zephon (workers 0 and 2) and Grain: time from a fresh loader to its first batch after
+restoring a checkpoint taken at step 10, 1,000 and 10,000 (decoding the checkpoint bytes
+included), against a fresh start to its first batch; checkpoint bytes (Zephon: the zstd file
+``zp.save`` writes; Grain: its JSON state) and ``checkpoint()`` latency (median of 5 calls in a
+row). Then Zephon's checkpoint bytes per lane and latency for canonical_replicas 1, 8, 64.
 
-    python -m benchmarks.restore [--quick]
+Each loader is checkpointed once per step; then, in every repetition, the fresh starts and
+restores of all loaders run one after another, in an order rotated between repetitions, so
+machine noise lands on all of them alike. Times are medians with their min-max range (5
+repetitions, 3 for workers=2, which starts processes); restore/fresh is the ratio of the
+medians. ``exact``: in every repetition, the first batch after the restore equals the batch
+the checkpointed loader produced next.
+
+    python -m benchmarks.restore [--quick] [--repeats N] [--no-grain] [--results DIR]
 """
 
 from __future__ import annotations
@@ -14,68 +22,148 @@ import argparse
 import statistics
 import sys
 import time
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import zephon as zp
-from benchmarks.common import print_table, write_results
+from benchmarks.common import (
+    batches_equal,
+    copy_batch,
+    interleaved_repeats,
+    median_and_range,
+    print_table,
+    summarize,
+    time_calls,
+    write_results,
+)
 from benchmarks.workload import SyntheticDocs, pregenerate
 from benchmarks.zephon_lm import zephon_lm_pipeline
 
+CHECKPOINT_CALLS = 5
 
-def zephon_restore(
-    docs: list[str], step: int, workers: int, lanes: int = 8, repeats: int = 3
-) -> dict[str, Any]:
-    with zephon_lm_pipeline(docs, 0, workers, lanes=lanes) as p:
-        for _ in range(step):
-            next(p)
+
+class Restorable(Protocol):
+    """A loader checkpointed once, to time fresh starts and restores against."""
+
+    checkpoint_s: list[float]
+    state_bytes: int
+
+    def time_fresh(self) -> float: ...
+
+    def time_restore(self) -> dict[str, Any]: ...
+
+
+class ZephonRestore:
+    """The Zephon LM pipeline checkpointed once after ``step`` batches (the counterpart of
+    ``grain_baseline.GrainRestore``)."""
+
+    def __init__(self, docs: Sequence[str], step: int, workers: int, lanes: int = 8) -> None:
+        self.docs, self.workers, self.lanes = docs, workers, lanes
+        with self._build() as p:
+            for _ in range(step):
+                next(p)
+            self.checkpoint_s, state = time_calls(p.checkpoint, CHECKPOINT_CALLS)
+            self.blob = zp.checkpoint.dumps(state)
+            self.expected = copy_batch(next(p))
+        self.state_bytes = len(self.blob)
+
+    def _build(self) -> zp.Pipeline:
+        return zephon_lm_pipeline(self.docs, 0, self.workers, lanes=self.lanes)
+
+    def time_fresh(self) -> float:
+        """Seconds from a new pipeline to its first batch."""
         t0 = time.perf_counter()
-        state = p.checkpoint()
-        ckpt_s = time.perf_counter() - t0
-        blob = zp.checkpoint.dumps(state)
-        expected = next(p)
-    fresh, restore, replayed = [], [], 0
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        with zephon_lm_pipeline(docs, 0, workers, lanes=lanes) as q:
+        with self._build() as q:
             next(q)
-            fresh.append(time.perf_counter() - t0)
+            return time.perf_counter() - t0
+
+    def time_restore(self) -> dict[str, Any]:
+        """``restore_s`` (new pipeline, decode, ``restore``, first batch), ``exact`` and
+        ``replayed_chunks``."""
         t0 = time.perf_counter()
-        with zephon_lm_pipeline(docs, 0, workers, lanes=lanes) as q:
-            q.restore(zp.checkpoint.loads(blob))
+        with self._build() as q:
+            q.restore(zp.checkpoint.loads(self.blob))
             first = next(q)
-            restore.append(time.perf_counter() - t0)
-            replayed = q.stats()["replayed_chunks"]
-    exact = all((first[k] == expected[k]).all() for k in expected)
+            restore_s = time.perf_counter() - t0
+            return {
+                "restore_s": restore_s,
+                "exact": batches_equal(first, self.expected),
+                "replayed_chunks": q.stats()["replayed_chunks"],
+            }
+
+
+def loaders(docs: list[str], step: int, with_grain: bool) -> dict[str, Restorable]:
+    out: dict[str, Restorable] = {
+        "zephon workers=0": ZephonRestore(docs, step, 0),
+        "zephon workers=2": ZephonRestore(docs, step, 2),
+    }
+    if with_grain:
+        from benchmarks.grain_baseline import GrainRestore
+
+        out["grain single-process"] = GrainRestore(docs, 0, step, checkpoint_calls=CHECKPOINT_CALLS)
+    return out
+
+
+def timed_runs(
+    subjects: dict[str, Restorable], repeats: dict[str, int]
+) -> dict[str, tuple[list[float], list[dict[str, Any]]]]:
+    """Every loader's fresh-start seconds and restore results, interleaved and rotated."""
+    cands: dict[str, Callable[[], Any]] = {}
+    counts: dict[str, int] = {}
+    for name, subject in subjects.items():
+        for kind, fn in (("fresh", subject.time_fresh), ("restore", subject.time_restore)):
+            cands[f"{name} {kind}"] = fn
+            counts[f"{name} {kind}"] = repeats[name]
+    runs = interleaved_repeats(cands, counts, rotate=True)
+    return {name: (runs[f"{name} fresh"], runs[f"{name} restore"]) for name in subjects}
+
+
+def restore_row(
+    name: str,
+    step: int,
+    subject: Restorable,
+    fresh: list[float],
+    restores: list[dict[str, Any]],
+    lanes: int | None,
+) -> dict[str, Any]:
+    restore_s = [r["restore_s"] for r in restores]
+    replayed = [r["replayed_chunks"] for r in restores if "replayed_chunks" in r]
     return {
-        "loader": f"zephon workers={workers}",
+        "loader": name,
         "step": step,
-        "fresh ms": round(statistics.median(fresh) * 1e3, 1),
-        "restore ms": round(statistics.median(restore) * 1e3, 1),
-        "restore/fresh": round(statistics.median(restore) / statistics.median(fresh), 2),
-        "replayed chunks": replayed,
-        "ckpt bytes": len(blob),
-        "bytes/lane": round(len(blob) / lanes),
-        "checkpoint() ms": round(ckpt_s * 1e3, 2),
-        "exact": exact,
+        **median_and_range("fresh ms", fresh, scale=1e3),
+        **median_and_range("restore ms", restore_s, scale=1e3),
+        "restore/fresh": round(summarize(restore_s)["median"] / summarize(fresh)["median"], 2),
+        "reps": len(restores),
+        "replayed chunks": max(replayed) if replayed else None,
+        "ckpt bytes": subject.state_bytes,
+        "bytes/lane": round(subject.state_bytes / lanes) if lanes else None,
+        "checkpoint() ms": round(statistics.median(subject.checkpoint_s) * 1e3, 3),
+        "exact": all(r["exact"] for r in restores),
     }
 
 
-def grain_restore(docs: list[str], step: int) -> dict[str, Any]:
-    from benchmarks.grain_baseline import measure_restore
+def repetitions(subject: Restorable, repeats: int | None, quick: bool) -> int:
+    """``repeats`` if given, else 1 with ``quick``, else 5 (3 where each run starts worker
+    processes)."""
+    if repeats is not None:
+        return repeats
+    if quick:
+        return 1
+    return 3 if isinstance(subject, ZephonRestore) and subject.workers > 0 else 5
 
-    r = measure_restore(docs, 0, step)
-    return {
-        "loader": "grain single-process",
-        "step": step,
-        "fresh ms": round(r["fresh_s"] * 1e3, 1),
-        "restore ms": round(r["restore_s"] * 1e3, 1),
-        "restore/fresh": round(r["restore_s"] / r["fresh_s"], 2),
-        "replayed chunks": None,
-        "ckpt bytes": r["state_bytes"],
-        "bytes/lane": None,
-        "checkpoint() ms": round(r["checkpoint_s"] * 1e3, 2),
-        "exact": r["exact"],
-    }
+
+def step_rows(
+    docs: list[str], step: int, with_grain: bool, repeats: int | None, quick: bool
+) -> list[dict[str, Any]]:
+    subjects = loaders(docs, step, with_grain)
+    counts = {name: repetitions(subject, repeats, quick) for name, subject in subjects.items()}
+    rows = []
+    for name, (fresh, restores) in timed_runs(subjects, counts).items():
+        subject = subjects[name]
+        lanes = subject.lanes if isinstance(subject, ZephonRestore) else None
+        rows.append(restore_row(name, step, subject, fresh, restores, lanes))
+    return rows
 
 
 def lanes_sweep(docs: list[str], step: int) -> list[dict[str, Any]]:
@@ -84,11 +172,7 @@ def lanes_sweep(docs: list[str], step: int) -> list[dict[str, Any]]:
         with zephon_lm_pipeline(docs, 0, 0, lanes=lanes) as p:
             for _ in range(step):
                 next(p)
-            times = []
-            for _ in range(5):
-                t0 = time.perf_counter()
-                state = p.checkpoint()
-                times.append(time.perf_counter() - t0)
+            times, state = time_calls(p.checkpoint, CHECKPOINT_CALLS)
             blob = zp.checkpoint.dumps(state)
         rows.append(
             {
@@ -96,7 +180,7 @@ def lanes_sweep(docs: list[str], step: int) -> list[dict[str, Any]]:
                 "step": step,
                 "ckpt bytes": len(blob),
                 "bytes/lane": round(len(blob) / lanes),
-                "checkpoint() ms": round(statistics.median(times) * 1e3, 2),
+                "checkpoint() ms": round(statistics.median(times) * 1e3, 3),
             }
         )
     return rows
@@ -106,7 +190,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="tiny sizes, one repetition (CI)")
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=None,
+        help="repetitions for every loader (default 5, 3 for workers=2; 1 with --quick)",
+    )
     ap.add_argument("--no-grain", action="store_true")
     ap.add_argument("--results", default="bench_results")
     args = ap.parse_args(argv)
@@ -120,11 +210,12 @@ def main(argv: list[str] | None = None) -> int:
             with_grain = False
     rows = []
     for step in steps:
-        rows.append(zephon_restore(docs, step, 0, repeats=1 if args.quick else 3))
-        rows.append(zephon_restore(docs, step, 2, repeats=1 if args.quick else 2))
-        if with_grain:
-            rows.append(grain_restore(docs, step))
-    print_table(rows, list(rows[0]), title="Restore to first batch, against the step")
+        rows.extend(step_rows(docs, step, with_grain, args.repeats, args.quick))
+    print_table(
+        rows,
+        list(rows[0]),
+        title="Restore to first batch, against the step (medians and min–max over reps)",
+    )
     sweep = lanes_sweep(docs, steps[-1] if args.quick else 1000)
     print_table(
         sweep, list(sweep[0]), title="Checkpoint size and latency against canonical_replicas"
