@@ -173,8 +173,8 @@ def _checked_dtype(dtype: Any) -> np.dtype:
 
 
 def _checked_shape(shape: int | Sequence[int]) -> tuple[int, ...]:
-    if type(shape) is tuple and all(type(d) is int and d >= 0 for d in shape):
-        return shape
+    if type(shape) is tuple and shape and min(shape) >= 0 and type(sum(shape)) is int:
+        return shape  # the common case: a tuple of non-negative ints
     dims = (shape,) if isinstance(shape, int | np.integer) else tuple(shape)
     out = tuple(int(d) for d in dims)
     if any(d < 0 for d in out):
@@ -196,7 +196,7 @@ class _Encoded(NamedTuple):
     arrays_end: int
 
 
-_ArraySpec = tuple[str, tuple[int, ...], int, int]  # dtype.str, shape, offset, nbytes
+_ArraySpec = tuple[np.dtype, tuple[int, ...], int, int]  # dtype, shape, offset, nbytes
 _ENCODED: dict[tuple[_ArraySpec, ...], _Encoded] = {}
 _LAYOUT_CACHE_MAX = 64  # distinct layouts kept per process / per ring
 
@@ -205,7 +205,7 @@ def _encode(arrays: tuple[_ArraySpec, ...]) -> _Encoded:
     enc = _ENCODED.get(arrays)
     if enc is None:
         enc = _Encoded(
-            msgpack.packb([[d, list(s), o] for d, s, o, _ in arrays], use_bin_type=True),
+            msgpack.packb([[d.str, list(s), o] for d, s, o, _ in arrays], use_bin_type=True),
             min((o for _, _, o, _ in arrays), default=None),
             max((o + n for _, _, o, n in arrays), default=FRAME_NBYTES),
         )
@@ -253,7 +253,7 @@ def message_nbytes(meta_nbytes: int, arrays: Sequence[np.ndarray]) -> int:
 
     Useful to size ``slot_bytes``: ``ShmRing.create(nslots, message_nbytes(...))``.
     """
-    specs = [(_checked_dtype(a.dtype).str, tuple(a.shape), 0, a.nbytes) for a in arrays]
+    specs = [(_checked_dtype(a.dtype), tuple(a.shape), 0, a.nbytes) for a in arrays]
     offsets = plan_layout([n for *_, n in specs])
     placed = [(d, s, o, n) for (d, s, _, n), o in zip(specs, offsets, strict=True)]
     return _plan_trailer(placed, meta_nbytes).end
@@ -350,6 +350,8 @@ class SlotWriter:
     skips it); leaving it normally without committing also raises RingError.
     """
 
+    __slots__ = ("_ring", "index", "capacity", "_memory", "_arrays", "_cursor", "_done")
+
     def __init__(self, ring: ShmRing, index: int, memory: Any) -> None:
         self._ring = ring
         self.index = index
@@ -412,7 +414,7 @@ class SlotWriter:
                 f"{end} bytes but ring {self._ring.name!r} slots hold {self.capacity} bytes; "
                 f"raise slot_bytes when creating the ring"
             )
-        self._arrays.append((dt.str, dims, offset, nbytes))
+        self._arrays.append((dt, dims, offset, nbytes))
         self._cursor = max(self._cursor, end)
         return np.ndarray(dims, dt, buffer=self._memory, offset=offset)
 
@@ -426,12 +428,13 @@ class SlotWriter:
             ValueError: the metadata does not fit (the slot stays reserved: ``abort()``).
         """
         self._check_open()
-        meta_view = memoryview(meta).cast("B")
-        trailer = _plan_trailer(self._arrays, meta_view.nbytes)
+        meta_view = meta if type(meta) is bytes else memoryview(meta).cast("B")
+        meta_nbytes = len(meta_view)
+        trailer = _plan_trailer(self._arrays, meta_nbytes)
         if trailer.end > self.capacity:
             arrays_nbytes = sum(n for *_, n in self._arrays)
             raise ValueError(
-                f"message needs {trailer.end} bytes (metadata {meta_view.nbytes} B, "
+                f"message needs {trailer.end} bytes (metadata {meta_nbytes} B, "
                 f"{len(self._arrays)} arrays {arrays_nbytes} B, framing) but ring "
                 f"{self._ring.name!r} slots hold {self.capacity} bytes; raise slot_bytes "
                 f"to at least {trailer.end} when creating the ring"
@@ -440,7 +443,7 @@ class SlotWriter:
         start = trailer.offset
         mid = start + len(trailer.descriptors)
         slot[start:mid] = trailer.descriptors
-        slot[mid : mid + meta_view.nbytes] = meta_view
+        slot[mid : mid + meta_nbytes] = meta_view
         _FRAME.pack_into(
             slot,
             0,
@@ -450,7 +453,7 @@ class SlotWriter:
             len(self._arrays),
             len(trailer.descriptors),
             trailer.offset,
-            meta_view.nbytes,
+            meta_nbytes,
         )
         self._ring._commit_slot(self.index, trailer.end)
         self._done = True
