@@ -166,8 +166,13 @@ def measure_throughput(
     make_iter: Callable[[], Iterable[Mapping[str, Any]]],
     num_batches: int,
     warmup: int = 10,
+    rate: float | None = None,
 ) -> dict[str, Any]:
     """Time ``num_batches`` batches after ``warmup`` untimed ones.
+
+    With ``rate`` the consumer takes at most that many batches per second, as a training
+    loop bound by its step time does (it sleeps until each batch is due): then the CPU
+    columns say what the loader costs at that rate rather than flat out.
 
     ``make_iter()`` returns an iterator or iterable of batches (dicts of arrays); it is closed
     afterwards if it has ``close()``. Returns batches/s, real and padded tokens/s, the padding
@@ -204,7 +209,12 @@ def measure_throughput(
             pull()
         real = padded = 0
         meter = CpuMeter().start()
-        for _ in range(num_batches):
+        started = time.perf_counter()
+        for i in range(num_batches):
+            if rate is not None:
+                wait = started + i / rate - time.perf_counter()
+                if wait > 0:
+                    time.sleep(wait)
             r, p = batch_token_counts(pull())
             real += r
             padded += p
