@@ -78,7 +78,12 @@ class Pack(LaneStateOperator):
             bins = self._lanes[record.lane] = _Bins(self.num_bins)
         fill, cap = bins.fill, self.seq_len
         out: list[Output] = []
-        target = next((i for i in range(self.num_bins) if fill[i] + n <= cap), -1)
+        room = cap - n
+        target = -1
+        for i, f in enumerate(fill):  # first fit
+            if f <= room:
+                target = i
+                break
         if target < 0:
             # Nothing fits: the fullest bin goes (lowest index on ties) and its slot reopens.
             target = max(range(self.num_bins), key=lambda i: (fill[i], -i))

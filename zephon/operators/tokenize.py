@@ -11,6 +11,8 @@ from zephon.chunks import SamplePointer
 from zephon.operators.base import Operator, OpTraits, Output
 from zephon.records import Record
 
+_INT32 = np.dtype(np.int32)
+
 
 class Tokenize(Operator):
     traits = OpTraits(preserves_cursor_order=True, stateful=False)
@@ -48,12 +50,8 @@ class Tokenize(Operator):
         return data
 
     def _emit(self, record: Record, ids: Any) -> Record:
-        tokens = (
-            ids
-            if type(ids) is np.ndarray and ids.dtype == np.int32
-            else np.asarray(ids, dtype=np.int32)
-        )
-        ((component, _),) = record.mix.items()
+        tokens = ids if type(ids) is np.ndarray and ids.dtype is _INT32 else np.asarray(ids, _INT32)
+        (component,) = record.mix  # a sample: one component
         return Record(
             {"tokens": tokens}, record.lane, record.contributors, {component: len(tokens)}
         )
