@@ -430,6 +430,30 @@ def test_a_corrupt_frame_is_a_ring_error_and_the_slot_is_released(make_rings) ->
     assert consumer.get(timeout_s=0, zero_copy=False).meta == b"ok"
 
 
+@pytest.mark.parametrize("zero_copy", [False, True])
+def test_a_known_layout_is_still_checked_against_each_message_length(
+    make_rings, zero_copy: bool
+) -> None:
+    """Layouts are parsed once and cached by their descriptor bytes; a later message with
+    the same descriptors but a shorter committed length must still be rejected."""
+    producer, consumer = make_rings(nslots=2)
+    producer.put(b"a", [np.arange(4096, dtype=np.int64)], timeout_s=1)
+    first = consumer.get(timeout_s=1, zero_copy=zero_copy)
+    np.testing.assert_array_equal(first.arrays[0], np.arange(4096))
+    first.release()
+    slot = producer.reserve(timeout_s=1)
+    np.copyto(slot.array(4096, np.int64), np.arange(4096))
+    end = slot.commit(b"b")
+    assert consumer.get(timeout_s=1, zero_copy=zero_copy).meta == b"b"
+    # The same frame bytes again in the next slot, published as half as long.
+    again = producer.reserve(timeout_s=1)
+    again._memory[:end] = slot._memory[:end]
+    producer._commit_slot(again.index, end // 2)
+    again._done = True  # published by hand
+    with pytest.raises(RingError, match="past the message"):
+        consumer.get(timeout_s=1, zero_copy=zero_copy)
+
+
 # -- in-place writing ----------------------------------------------------------
 
 
