@@ -424,7 +424,8 @@ class StaticMixtureWorkSource:
             return None
         if len(self._active) == 1:
             components, pos = self._single_component_picks()
-            indices = self._sample_indices(int(components[0]), pos)
+            # A copy: the chunk must not share memory with the source's index cache.
+            indices = self._sample_indices(int(components[0]), pos).copy()
         else:
             components, pos = self._weighted_picks()
             indices = np.empty(len(components), dtype=np.int64)
