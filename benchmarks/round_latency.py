@@ -181,7 +181,9 @@ def _etcd_rows(rounds: int, threads: bool) -> list[dict[str, Any]]:
     try:
         from etcd_server import find_etcd_binary, start_etcd
     except ImportError:
-        print("etcd rows skipped: run from a source checkout (tests/etcd_server.py)", file=sys.stderr)
+        print(
+            "etcd rows skipped: run from a source checkout (tests/etcd_server.py)", file=sys.stderr
+        )
         return []
     binary = find_etcd_binary()
     if binary is None:

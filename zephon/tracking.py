@@ -120,15 +120,7 @@ class LaneTracker:
                         f"lane {self.lane}: delivery names chunk {chunk_id}, which is not in "
                         f"flight (in flight: {list(inflight)[:8]}...); this is a Zephon bug"
                     )
-                delivered, totals = track.delivered, track.total
-            # ChunkTrack.add, inlined: this runs once per delivered piece.
-            delivered[offset] += 1
-            if is_last:
-                totals[offset] = child + 1
-            total = totals[offset]
-            if total and delivered[offset] == total and not (track.bitmap >> offset) & 1:
-                track.bitmap |= 1 << offset
-                track.closed += 1
+            track.add(offset, child, is_last)
 
     def deliver(self, contributors: list[Contributor], last_cursor: SampleCursor | None) -> None:
         self.close(contributors)

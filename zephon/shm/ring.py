@@ -173,8 +173,8 @@ def _checked_dtype(dtype: Any) -> np.dtype:
 
 
 def _checked_shape(shape: int | Sequence[int]) -> tuple[int, ...]:
-    if type(shape) is tuple and shape and min(shape) >= 0 and type(sum(shape)) is int:
-        return shape  # the common case: a tuple of non-negative ints
+    if type(shape) is tuple and all(type(d) is int and d >= 0 for d in shape):
+        return shape  # the common case, already a tuple of non-negative ints
     dims = (shape,) if isinstance(shape, int | np.integer) else tuple(shape)
     out = tuple(int(d) for d in dims)
     if any(d < 0 for d in out):
@@ -387,8 +387,7 @@ class SlotWriter:
         Raises:
             ValueError: the array does not fit in the slot, or overlaps another one.
         """
-        if self._done:
-            self._check_open()
+        self._check_open()
         dt = _checked_dtype(dtype)
         dims = _checked_shape(shape)
         nbytes = math.prod(dims) * dt.itemsize
