@@ -432,3 +432,34 @@ def test_load_state_dict_missing_key() -> None:
     del state["current"]
     with pytest.raises(ValueError, match=r"missing keys \['current'\]"):
         make([5, 5], chunk_size=2, lane=1, num_lanes=2).load_state_dict(state)
+
+
+@pytest.mark.parametrize(
+    "lengths,weights",
+    [
+        ([40, 300], [0.7, 0.3]),
+        ([40, 300], [1 / 3, 2 / 3]),
+        # Here the survivor's ``current`` is 0.30000000000000066: adding and taking back its
+        # weight is not a floating-point fixed point, so the steps must be replayed.
+        ([57, 200], [0.9, 0.1]),
+    ],
+)
+def test_one_component_left_takes_the_loop_free_path_with_the_same_result(
+    lengths, weights
+) -> None:
+    """Once one component is left, picks skip the per-sample loop; they must leave exactly
+    the state (float ``current`` included) and the pointers the loop would."""
+    import copy
+
+    src = make(lengths, weights, seed=1, chunk_size=7, num_epochs=1)
+    checked = 0
+    while src._active:
+        if len(src._active) == 1:
+            twin = copy.deepcopy(src)
+            fast, looped = src._single_component_picks(), twin._weighted_picks()
+            assert [a.tolist() for a in fast] == [a.tolist() for a in looped]
+            assert src.state_dict() == twin.state_dict()
+            checked += 1
+        else:
+            src.next_chunk()
+    assert checked > 10
