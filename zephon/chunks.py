@@ -12,7 +12,7 @@ class SamplePointer(NamedTuple):
     """One raw sample of the mixture: dataset ``component``, row ``index``."""
 
     component: int
-    index: int
+    index: int  # type: ignore[assignment]  # shadows tuple.index, as the spec names it
 
 
 @dataclass(frozen=True, eq=False)

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from zephon.compile import Plan
+from zephon.operators.batch import Batch
 from zephon.replay import ReplayFilter
 from zephon.runners.chain import ChainRunner, LaneOutput
 from zephon.tracking import LaneTracker
@@ -49,6 +50,9 @@ class LocalExecutor:
         cap = max(op.parallelism for op in plan.ops)
         self.pool = ThreadPoolExecutor(cap, thread_name_prefix="zephon-op") if cap > 1 else None
         self.runner = ChainRunner([op.fresh() for op in plan.ops], self.pool)
+        for op in self.runner.ops:
+            if isinstance(op, Batch):
+                op.defer = True  # the first batch after a start or restore stacks alone
         filt = self.runner.ops[plan.filter_index]
         assert isinstance(filt, ReplayFilter)
         self.replay_filter = filt
@@ -90,6 +94,13 @@ class LocalExecutor:
             self.pool.shutdown(wait=False, cancel_futures=True)
 
 
+def _materialize(item: Any) -> None:
+    """Builds the deferred data of an output (or of each output of a lockstep step)."""
+    for out in item if isinstance(item, list) else (item,):
+        if type(out) is LaneOutput and out.record is not None:
+            out.record.data  # noqa: B018 - the read builds it
+
+
 def concat_lockstep(outputs: list[LaneOutput]) -> Any:
     datas = [o.record.data for o in outputs]  # type: ignore[union-attr]
     if isinstance(datas[0], dict):
@@ -119,6 +130,7 @@ class Engine:
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max(prefetch, 1))
         self._thread: threading.Thread | None = None
         self._pump_wanted = False
+        self._pump_go = threading.Event()
         self._gen: Iterator[Any] | None = None
         self.stopping = threading.Event()
         self._error: BaseException | None = None
@@ -155,8 +167,13 @@ class Engine:
 
     def _pump(self) -> None:
         assert self._gen is not None
+        # Thread.start() returns only once this thread runs, and this thread would then keep
+        # the GIL for a whole switch interval (5 ms) of producing: wait, so the caller gets
+        # its first batch now and the pump starts beside whatever the caller does next.
+        self._pump_go.wait()
         try:
             for item in self._gen:
+                _materialize(item)  # deferred stacking runs here, off the consumer's thread
                 if not self._put(item):
                     return
         except BaseException as e:  # noqa: BLE001 - forwarded to the consumer
@@ -178,11 +195,13 @@ class Engine:
                 item = next(self._gen)
             except StopIteration:
                 return _DONE
+            _materialize(item)
             if self._pump_wanted and item is not _DONE:
                 # The first output is made on the caller's thread (a pump running beside it
                 # would take the GIL from it); from here on the pump runs ahead.
                 self._thread = threading.Thread(target=self._pump, name="zephon-pump", daemon=True)
                 self._thread.start()
+                self._pump_go.set()
             return item
         while True:
             try:

@@ -64,7 +64,7 @@ class Record:
         return f"Record(cursor={tuple(self.cursor)}, contributors={len(self.contributors)})"
 
 
-_DATA = Record.data  # the slot itself, under LazyRecord's property
+_DATA = Record.__dict__["data"]  # the slot itself, under LazyRecord's property
 
 
 class LazyRecord(Record):
@@ -108,11 +108,12 @@ class LazyRecord(Record):
         return self._build is None
 
 
-class BatchRecord(Record):
+class BatchRecord(LazyRecord):
     """The output of ``batch``: stacked data of several records of one lane.
 
     ``last_cursor`` is the cursor of the last record stacked into it; once the batch is
-    delivered it becomes the lane's replay cursor.
+    delivered it becomes the lane's replay cursor. Given ``build`` instead of ``data``, the
+    rows are stacked on first access (see :attr:`~zephon.operators.batch.Batch.defer`).
     """
 
     __slots__ = ("last_cursor", "num_records")
@@ -125,8 +126,13 @@ class BatchRecord(Record):
         mix: dict[int, int],
         last_cursor: SampleCursor,
         num_records: int,
+        build: Callable[[], Any] | None = None,
     ) -> None:
-        super().__init__(data, lane, contributors, mix)
+        _DATA.__set__(self, data)
+        self._build = build
+        self.lane = lane
+        self.contributors = contributors
+        self.mix = mix
         self.last_cursor = last_cursor
         self.num_records = num_records
 

@@ -33,6 +33,17 @@ class OpTraits:
     stateful: bool
 
 
+class OpStats:
+    """An operator's counters in a chain runner: records in and out, seconds spent."""
+
+    __slots__ = ("records_in", "records_out", "seconds")
+
+    def __init__(self) -> None:
+        self.records_in = 0
+        self.records_out = 0
+        self.seconds = 0.0
+
+
 @dataclass
 class PipelineContext:
     """What an operator may learn about the pipeline it is compiled into."""
@@ -67,7 +78,9 @@ class Operator:
         raise NotImplementedError(f"{type(self).__name__} must implement process(record)")
 
     def process_batch(self, records: list[Record]) -> list[Output]:
-        """All records of one chunk (order-preserving stages); override to batch I/O."""
+        """A run of records in arrival order (a chunk's, or those between two flush
+        sentinels); the same as :meth:`process` on each in turn. Override to batch I/O or to
+        save per-record calls."""
         out: list[Output] = []
         for r in records:
             out.extend(self.process(r))

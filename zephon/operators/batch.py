@@ -3,7 +3,9 @@
 The replay filter sits right before ``batch``, so batches always start from an empty buffer
 at the checkpoint cut; that is why ``batch`` alone may hold records across an epoch
 boundary. ``allocate`` lets a worker hand out arrays that live in a shared-memory ring slot,
-so rows are stacked straight into the slot.
+so rows are stacked straight into the slot. With ``defer`` (set by the in-process executor)
+rows are stacked when the batch's data is first read: restoring, or starting, to the first
+batch then stacks one batch, not every batch the lane's first chunk fills.
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ class Batch(LaneStateOperator):
         self.batch_size = batch_size
         self.drop_last = drop_last
         self.allocate: Allocator = _default_allocate
+        #: Stack on first read of ``data`` (the engine's prefetch pump reads it ahead, on its
+        #: own thread); worker processes stack straight into a ring slot instead.
+        self.defer = False
 
     def process(self, record: Record) -> Iterable[Output]:
         buf = self._lanes.get(record.lane)
@@ -49,6 +54,19 @@ class Batch(LaneStateOperator):
         return (self._stack(buf),)
 
     def _stack(self, records: list[Record]) -> BatchRecord:
+        contributors = [c for r in records for c in r.contributors]
+        mix: dict[int, int] = {}
+        for r in records:
+            for comp, w in r.mix.items():
+                mix[comp] = mix.get(comp, 0) + w
+        lane, last, n = records[0].lane, records[-1].cursor, len(records)
+        if self.defer:
+            return BatchRecord(
+                None, lane, contributors, mix, last, n, build=lambda: self._stack_data(records)
+            )
+        return BatchRecord(self._stack_data(records), lane, contributors, mix, last, n)
+
+    def _stack_data(self, records: list[Record]) -> Any:
         first = records[0].data
         n = len(records)
         if isinstance(first, dict):
@@ -71,22 +89,15 @@ class Batch(LaneStateOperator):
             out = self.allocate(records[0].lane, spec)
             for k in spec:
                 np.stack([r.data[k] for r in records], out=out[k])
-            data: Any = out
-        else:
-            arrays = [np.asarray(r.data) for r in records]
-            try:
-                data = np.stack(arrays)
-            except ValueError as e:
-                raise ValueError(
-                    f"batch: records cannot be stacked (shapes {[a.shape for a in arrays]}); "
-                    "pad or pack records to one shape before batch"
-                ) from e
-        contributors = [c for r in records for c in r.contributors]
-        mix: dict[int, int] = {}
-        for r in records:
-            for comp, w in r.mix.items():
-                mix[comp] = mix.get(comp, 0) + w
-        return BatchRecord(data, records[0].lane, contributors, mix, records[-1].cursor, n)
+            return out
+        arrays = [np.asarray(r.data) for r in records]
+        try:
+            return np.stack(arrays)
+        except ValueError as e:
+            raise ValueError(
+                f"batch: records cannot be stacked (shapes {[a.shape for a in arrays]}); "
+                "pad or pack records to one shape before batch"
+            ) from e
 
     def flush(self, reset: bool, lane_id: int) -> Iterable[Output]:
         buf = self._lanes.pop(lane_id, None)

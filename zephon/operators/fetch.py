@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from zephon.chunks import SamplePointer
+from zephon.chunks import SamplePointer, WorkChunk
 from zephon.operators.base import Operator, OpTraits, Output, PipelineContext
-from zephon.records import Record
+from zephon.records import Contributor, Record
 
 
 def read_many(dataset: Any, indices: list[int]) -> list[Any]:
@@ -54,6 +54,30 @@ class Fetch(Operator):
             for p, sample in zip(positions, samples, strict=True):
                 out[p] = records[p].replace(sample)
         return out
+
+    def expand_chunk(self, chunk: WorkChunk) -> list[Record]:
+        """The chunk's records with their samples already read: what ``process_batch``
+        returns for ``expand(chunk)``, without building pointer records first."""
+        lane, cid = chunk.lane, chunk.chunk_id
+        comps = chunk.components.tolist()
+        indices = chunk.indices.tolist()
+        first = comps[0] if comps else 0
+        if comps.count(first) == len(comps):
+            samples = read_many(self._datasets[first], indices)
+        else:
+            samples = [None] * len(comps)
+            by_component: dict[int, list[int]] = {}
+            for pos, c in enumerate(comps):
+                by_component.setdefault(c, []).append(pos)
+            for c, positions in by_component.items():
+                got = read_many(self._datasets[c], [indices[p] for p in positions])
+                for p, sample in zip(positions, got, strict=True):
+                    samples[p] = sample
+        new = tuple.__new__
+        return [
+            Record(sample, lane, [new(Contributor, (cid, off, 0, True))], {c: 1})
+            for off, (c, sample) in enumerate(zip(comps, samples, strict=True))
+        ]
 
     def fresh(self) -> Operator:
         return self  # stateless; a deep copy would duplicate the user's datasets

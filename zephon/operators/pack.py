@@ -13,14 +13,18 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from zephon.operators.base import LaneStateOperator, OpTraits, Output
-from zephon.records import LazyRecord, Record
+from zephon.records import Contributor, LazyRecord, Record
+
+#: A piece waiting in a bin: its contributors, its per-component token counts, its arrays
+#: (one per packed feature) and its length.
+Piece = tuple[list[Contributor], dict[int, int], tuple[np.ndarray, ...], int]
 
 
 class _Bins:
     __slots__ = ("pieces", "fill")
 
     def __init__(self, num_bins: int) -> None:
-        self.pieces: list[list[Record]] = [[] for _ in range(num_bins)]
+        self.pieces: list[list[Piece]] = [[] for _ in range(num_bins)]
         self.fill = [0] * num_bins
 
 
@@ -46,10 +50,6 @@ class Pack(LaneStateOperator):
 
     def _length(self, record: Record) -> int:
         data = record.data
-        if len(self.features) == 1 and type(data) is dict:
-            tokens = data.get(self.features[0])
-            if type(tokens) is np.ndarray and tokens.ndim == 1 and len(tokens) <= self.seq_len:
-                return len(tokens)
         lengths = []
         for f in self.features:
             try:
@@ -71,46 +71,69 @@ class Pack(LaneStateOperator):
             )
         return n
 
-    def process(self, record: Record) -> Iterable[Output]:
+    def piece(self, record: Record) -> Piece:
+        """What a bin keeps of ``record`` (checked: every feature, one length, that fits)."""
+        data = record.data
+        if len(self.features) == 1 and type(data) is dict:
+            tokens = data.get(self.features[0])
+            if type(tokens) is np.ndarray and tokens.ndim == 1 and len(tokens) <= self.seq_len:
+                return (record.contributors, record.mix, (tokens,), len(tokens))
         n = self._length(record)
-        bins = self._lanes.get(record.lane)
-        if bins is None:
-            bins = self._lanes[record.lane] = _Bins(self.num_bins)
-        fill, cap = bins.fill, self.seq_len
+        return (record.contributors, record.mix, tuple(data[f] for f in self.features), n)
+
+    def process(self, record: Record) -> Iterable[Output]:
+        return self.place(record.lane, (self.piece(record),))
+
+    def process_batch(self, records: list[Record]) -> list[Output]:
         out: list[Output] = []
-        room = cap - n
-        target = -1
-        for i, f in enumerate(fill):  # first fit
-            if f <= room:
-                target = i
-                break
-        if target < 0:
-            # Nothing fits: the fullest bin goes (lowest index on ties) and its slot reopens.
-            target = max(range(self.num_bins), key=lambda i: (fill[i], -i))
-            out.append(self._emit(bins, target))
-        bins.pieces[target].append(record)
-        fill[target] += n
-        if fill[target] == cap:
-            out.append(self._emit(bins, target))
+        i, n = 0, len(records)
+        while i < n:  # one place() per run of one lane's records
+            lane = records[i].lane
+            j = i + 1
+            while j < n and records[j].lane == lane:
+                j += 1
+            out.extend(self.place(lane, [self.piece(r) for r in records[i:j]]))
+            i = j
         return out
 
-    def _emit(self, bins: _Bins, i: int) -> Record:
+    def place(self, lane: int, pieces: Iterable[Piece]) -> list[Output]:
+        """First-fit placement of ``lane``'s pieces, in order; the bins it emits."""
+        bins = self._lanes.get(lane)
+        if bins is None:
+            bins = self._lanes[lane] = _Bins(self.num_bins)
+        cap, num_bins = self.seq_len, self.num_bins
+        fill, held = bins.fill, bins.pieces
+        out: list[Output] = []
+        for piece in pieces:
+            room = cap - piece[3]
+            for target in range(num_bins):  # first fit
+                if fill[target] <= room:
+                    break
+            else:
+                # Nothing fits: the fullest bin goes (lowest index on ties), its slot reopens.
+                target = max(range(num_bins), key=lambda i: (fill[i], -i))
+                out.append(self._emit(lane, bins, target))
+            held[target].append(piece)
+            fill[target] += piece[3]
+            if fill[target] == cap:
+                out.append(self._emit(lane, bins, target))
+        return out
+
+    def _emit(self, lane: int, bins: _Bins, i: int) -> Record:
         pieces = bins.pieces[i]
         bins.pieces[i] = []
         bins.fill[i] = 0
-        contributors = [c for p in pieces for c in p.contributors]
+        contributors = [c for p in pieces for c in p[0]]
         mix: dict[int, int] = {}
         for p in pieces:
-            for comp, w in p.mix.items():
+            for comp, w in p[1].items():
                 mix[comp] = mix.get(comp, 0) + w
         # Assembled on first use: a replayed bin that the replay filter drops never is.
-        return LazyRecord(lambda: self._assemble(pieces), pieces[0].lane, contributors, mix)
+        return LazyRecord(lambda: self._assemble(pieces), lane, contributors, mix)
 
-    def _assemble(self, pieces: list[Record]) -> dict[str, np.ndarray]:
+    def _assemble(self, pieces: list[Piece]) -> dict[str, np.ndarray]:
         data = {}
-        lengths = np.fromiter(
-            (len(p.data[self.features[0]]) for p in pieces), dtype=np.int64, count=len(pieces)
-        )
+        lengths = np.fromiter((p[3] for p in pieces), dtype=np.int64, count=len(pieces))
         total = int(lengths.sum())
         starts = np.cumsum(lengths) - lengths
         seg = np.zeros(self.seq_len, dtype=np.int32)
@@ -119,21 +142,21 @@ class Pack(LaneStateOperator):
         )  # empty pieces take no id
         pos = np.zeros(self.seq_len, dtype=np.int32)
         pos[:total] = np.arange(total, dtype=np.int32) - np.repeat(starts, lengths).astype(np.int32)
-        for f in self.features:
-            parts = [p.data[f] for p in pieces]
+        for j, f in enumerate(self.features):
+            parts = [p[2][j] for p in pieces]
             buf = np.zeros(self.seq_len, dtype=np.result_type(*parts))
             if parts:
                 np.concatenate(parts, out=buf[:total])
             data[f] = buf
-            data[f + "_segment_ids"] = seg if f == self.features[0] else seg.copy()
-            data[f + "_positions"] = pos if f == self.features[0] else pos.copy()
+            data[f + "_segment_ids"] = seg if j == 0 else seg.copy()
+            data[f + "_positions"] = pos if j == 0 else pos.copy()
         return data
 
     def flush(self, reset: bool, lane_id: int) -> Iterable[Output]:
         bins = self._lanes.get(lane_id)
         if bins is None:
             return ()
-        out = [self._emit(bins, i) for i in range(self.num_bins) if bins.pieces[i]]
+        out = [self._emit(lane_id, bins, i) for i in range(self.num_bins) if bins.pieces[i]]
         if reset:
             del self._lanes[lane_id]
         return out

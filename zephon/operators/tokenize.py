@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -59,13 +59,29 @@ class Tokenize(Operator):
     def process(self, record: Record) -> Iterable[Output]:
         return (self._emit(record, self.tokenizer.encode(self._text(record.data))),)
 
+    def encode_texts(self, texts: list[Any]) -> Sequence[Any]:
+        """The tokenizer's ids for each text (``encode_batch`` when it has one)."""
+        if self._encode_batch is None:
+            return [self.tokenizer.encode(t) for t in texts]
+        encoded = self._encode_batch(texts)
+        if len(encoded) != len(texts):
+            raise ValueError(
+                f"{type(self.tokenizer).__name__}.encode_batch returned {len(encoded)} results "
+                f"for {len(texts)} texts; it must return one per text"
+            )
+        return encoded
+
     def process_batch(self, records: list[Record]) -> list[Output]:
-        texts = [self._text(r.data) for r in records]
-        if self._encode_batch is not None:
-            encoded = self._encode_batch(texts)
-        else:
-            encoded = [self.tokenizer.encode(t) for t in texts]
-        return [self._emit(r, ids) for r, ids in zip(records, encoded, strict=True)]
+        encoded = self.encode_texts([self._text(r.data) for r in records])
+        out: list[Output] = []
+        int32, ndarray = _INT32, np.ndarray
+        for r, ids in zip(records, encoded, strict=True):
+            if type(ids) is not ndarray or ids.dtype is not int32:
+                out.append(self._emit(r, ids))
+                continue
+            (component,) = r.mix  # a sample: one component
+            out.append(Record({"tokens": ids}, r.lane, r.contributors, {component: len(ids)}))
+        return out
 
     def fresh(self) -> Operator:
         return self

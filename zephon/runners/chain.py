@@ -20,7 +20,9 @@ from typing import Any
 
 from zephon.chunks import SamplePointer, WorkChunk
 from zephon.errors import ContractViolation
-from zephon.operators.base import Operator
+from zephon.operators.base import Operator, OpStats
+from zephon.operators.fetch import Fetch
+from zephon.operators.fused import TokenizeSplitPack, fusable
 from zephon.records import Contributor, FlushSentinel, Record, Tombstone
 
 
@@ -53,13 +55,9 @@ def expand(chunk: WorkChunk) -> list[Record]:
     ]
 
 
-class OpStats:
-    __slots__ = ("records_in", "records_out", "seconds")
-
-    def __init__(self) -> None:
-        self.records_in = 0
-        self.records_out = 0
-        self.seconds = 0.0
+#: Run ``tokenize -> split -> pack`` as one stage where the chain has it (see
+#: :mod:`zephon.operators.fused`); tests turn it off to compare the two paths.
+FUSE = True
 
 
 class ChainRunner:
@@ -68,16 +66,42 @@ class ChainRunner:
         self.pool = pool
         self.stats = [OpStats() for _ in self.ops]
         self._tombs: dict[int, list[Contributor]] = {}
+        # What _push runs: the operators, with fusable runs replaced by their fused stage
+        # (which keeps the three operators' own counters; the step's are unused).
+        self._steps: list[tuple[Operator, OpStats]] = []
+        i = 0
+        while i < len(self.ops):
+            fused = fusable(self.ops, i, threaded=pool is not None) if FUSE else None
+            if fused is not None:
+                tok, split, pack = fused
+                stats = (self.stats[i], self.stats[i + 1], self.stats[i + 2])
+                self._steps.append((TokenizeSplitPack(tok, split, pack, stats), OpStats()))
+                i += 3
+            else:
+                self._steps.append((self.ops[i], self.stats[i]))
+                i += 1
+        # A leading built-in fetch on this thread reads each chunk's samples as it expands
+        # it (it is stateless: sentinels pass it untouched); the chain proper starts after it.
+        head = self.ops[0] if self.ops else None
+        self._fetch = head if type(head) is Fetch and head.parallelism <= 1 else None
 
     def feed(self, items: Sequence[WorkChunk | FlushSentinel]) -> list[LaneOutput]:
         layer: list[Any] = []
+        fetch = self._fetch
+        t0 = time.perf_counter()
         for it in items:
             if isinstance(it, WorkChunk):
-                layer.extend(expand(it))
+                layer.extend(expand(it) if fetch is None else fetch.expand_chunk(it))
             else:
                 layer.append(it)
+        if fetch is not None:
+            st = self.stats[0]
+            n = sum(len(it) for it in items if isinstance(it, WorkChunk))
+            st.records_in += n
+            st.records_out += n
+            st.seconds += time.perf_counter() - t0
         final_lanes = [it.lane for it in items if isinstance(it, FlushSentinel) and it.final]
-        produced = self._push(layer)
+        produced = self._push(layer, 0 if fetch is None else 1)
         out: list[LaneOutput] = []
         for it in produced:
             if type(it) is Tombstone:
@@ -88,9 +112,9 @@ class ChainRunner:
             out.append(LaneOutput(lane, None, self._tombs.pop(lane, []), end=True))
         return out
 
-    def _push(self, items: list[Any]) -> list[Any]:
+    def _push(self, items: list[Any], start: int = 0) -> list[Any]:
         out: list[Any] = []
-        for op, st in zip(self.ops, self.stats, strict=True):
+        for op, st in self._steps[start:]:
             t0 = time.perf_counter()
             n_in = n_sentinels = 0
             nxt: list[Any] = []
@@ -102,19 +126,16 @@ class ChainRunner:
                     out.append(it)
                 elif kind is FlushSentinel:
                     if run:
-                        nxt.extend(self._stateless(op, run))
+                        nxt.extend(op.process_batch(run) if stateful else self._stateless(op, run))
                         run = []
                     nxt.extend(self._sentinel(op, it))
                     nxt.append(it)
                     n_sentinels += 1
                 else:
                     n_in += 1
-                    if stateful:
-                        nxt.extend(op.process(it))
-                    else:
-                        run.append(it)
+                    run.append(it)
             if run:
-                nxt.extend(self._stateless(op, run))
+                nxt.extend(op.process_batch(run) if stateful else self._stateless(op, run))
             st.records_in += n_in
             st.seconds += time.perf_counter() - t0
             items = nxt

@@ -444,9 +444,7 @@ def test_load_state_dict_missing_key() -> None:
         ([57, 200], [0.9, 0.1]),
     ],
 )
-def test_one_component_left_takes_the_loop_free_path_with_the_same_result(
-    lengths, weights
-) -> None:
+def test_one_component_left_takes_the_loop_free_path_with_the_same_result(lengths, weights) -> None:
     """Once one component is left, picks skip the per-sample loop; they must leave exactly
     the state (float ``current`` included) and the pointers the loop would."""
     import copy

@@ -1,0 +1,198 @@
+"""The fused ``tokenize -> split -> pack`` stage and the chain runner's other shortcuts
+(fetch while expanding a chunk, deferred batch stacking) give what the operators give one
+by one: the same batches, stats, restores and errors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import zephon as zp
+import zephon.runners.chain as chain
+from zephon.chunks import WorkChunk
+from zephon.errors import ContractViolation
+from zephon.operators.base import OpStats
+from zephon.operators.fetch import Fetch
+from zephon.operators.fused import TokenizeSplitPack
+from zephon.operators.pack import Pack
+from zephon.operators.split import Split
+from zephon.operators.tokenize import Tokenize
+from zephon.records import Contributor, Record
+from zephon.runners.chain import ChainRunner, expand
+from zephon.testing import assert_resumes_exactly, batches_equal, take
+
+DOCS_A = [("ab" * ((i * 7919) % 700)) + f" a{i}" for i in range(500)]
+DOCS_B = [("xyz " * ((i * 104729) % 300)) + f" b{i}" for i in range(400)]
+
+
+def _build(
+    seed: int, max_len: int, seq_len: int, k: int, chunk: int, prefetch: int = 0, docs: int = 500
+) -> Any:
+    src = zp.StaticMixtureWorkSource(
+        [zp.ArraySource(DOCS_A[:docs]), zp.ArraySource(DOCS_B[:docs])],
+        weights=[0.6, 0.4],
+        seed=seed,
+        chunk_size=chunk,
+        num_epochs=1,
+    )
+    return (
+        zp.Pipeline(src, canonical_replicas=3, flush_every_k_chunks=k, prefetch=prefetch)
+        .fetch()
+        .tokenize(zp.ByteTokenizer())
+        .split(max_len=max_len)
+        .pack(seq_len=seq_len, num_bins=4)
+        .batch(3)
+    )
+
+
+def _run(build: Any, fuse: bool, monkeypatch: pytest.MonkeyPatch, n: int) -> tuple[list, dict]:
+    monkeypatch.setattr(chain, "FUSE", fuse)
+    with build() as p:
+        return take(p, n), p.stats()
+
+
+@pytest.mark.parametrize(
+    ("seed", "max_len", "seq_len", "k", "chunk"),
+    [(0, 256, 256, 2, 16), (1, 100, 256, 1, 7), (2, 2048, 2048, 4, 64), (3, 1, 8, 3, 5)],
+)
+def test_fused_stage_gives_the_operators_batches_and_counts(
+    monkeypatch: pytest.MonkeyPatch, seed: int, max_len: int, seq_len: int, k: int, chunk: int
+) -> None:
+    def build() -> Any:
+        return _build(seed, max_len, seq_len, k, chunk)
+
+    plain, plain_stats = _run(build, False, monkeypatch, 80)
+    fused, fused_stats = _run(build, True, monkeypatch, 80)
+    assert len(plain) == len(fused) > 10
+    assert all(batches_equal(a, b) for a, b in zip(plain, fused, strict=True))
+
+    def counts(stats: dict) -> list[tuple[str, int, int]]:
+        return [(o["name"], o["records_in"], o["records_out"]) for o in stats["operators"]]
+
+    assert counts(fused_stats) == counts(plain_stats)
+
+
+def test_fused_pipeline_resumes_exactly() -> None:
+    assert_resumes_exactly(lambda: _build(5, 300, 512, 2, 9, docs=40))
+
+
+def test_the_runner_fuses_only_the_built_in_chain_on_tokens(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(chain, "FUSE", True)
+    tok, split, pack = Tokenize(zp.ByteTokenizer()), Split(64), Pack(64)
+    fused = ChainRunner([Fetch(), tok, split, pack])
+    assert [type(op) for op, _ in fused._steps] == [Fetch, TokenizeSplitPack]
+    apart = ChainRunner([Fetch(), tok, Split(64, feature="ids"), pack])
+    assert TokenizeSplitPack not in [type(op) for op, _ in apart._steps]
+    threaded = ChainRunner([tok_par := Tokenize(zp.ByteTokenizer(), parallelism=2), split, pack])
+    assert tok_par.parallelism == 2
+    assert len(threaded._steps) == 1  # no pool: nothing to give up
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(2) as pool:
+        assert len(ChainRunner([tok_par, split, pack], pool)._steps) == 3
+
+
+def _stage(max_len: int = 4, seq_len: int = 8) -> tuple[TokenizeSplitPack, tuple[OpStats, ...]]:
+    stats = (OpStats(), OpStats(), OpStats())
+    return TokenizeSplitPack(
+        Tokenize(zp.ByteTokenizer(add_eos=False)), Split(max_len), Pack(seq_len, 2), stats
+    ), stats
+
+
+def _sample(text: str, offset: int, contributors: list[Contributor] | None = None) -> Record:
+    return Record(text, 0, contributors or [Contributor(0, offset, 0, True)], {0: 1})
+
+
+def test_fused_stage_raises_split_s_error_for_a_record_that_is_already_a_piece() -> None:
+    stage, _ = _stage()
+    piece = _sample("abcdefgh", 0, [Contributor(0, 0, 1, False)])
+    with pytest.raises(ContractViolation, match="split whole samples once"):
+        stage.process_batch([piece])
+
+
+def test_fused_stage_raises_pack_s_error_for_a_piece_longer_than_seq_len() -> None:
+    stage, _ = _stage(max_len=16, seq_len=8)
+    with pytest.raises(ValueError, match=r"longer than seq_len=8; put \.split\(max_len=8\)"):
+        stage.process_batch([_sample("x" * 12, 0)])
+
+
+def test_fused_stage_counts_into_the_three_operators_stats() -> None:
+    stage, (st_tok, st_split, st_pack) = _stage(max_len=4, seq_len=8)
+    out = stage.process_batch([_sample("abcdefghij", 0), _sample("kl", 1)])
+    # "abcdefghij" -> 4 + 4 + 2, "kl" -> 2: bins of 8 fill as [4, 4] and [2, 2]
+    assert (st_tok.records_in, st_tok.records_out) == (2, 2)
+    assert (st_split.records_in, st_split.records_out) == (2, 4)
+    assert (st_pack.records_in, st_pack.records_out) == (4, len(out)) == (4, 1)
+    assert [tuple(c) for c in out[0].contributors] == [(0, 0, 0, False), (0, 0, 1, False)]
+    assert stage.pending(0) == 2
+    flushed = list(stage.flush(True, 0))
+    assert stage.pending(0) == 0 and st_pack.records_out == 2
+    (rec,) = flushed
+    assert rec.mix == {0: 4}
+    np.testing.assert_array_equal(rec.data["tokens"][:4], np.frombuffer(b"ijkl", np.uint8) + 3)
+    np.testing.assert_array_equal(rec.data["tokens_segment_ids"], [1, 1, 2, 2, 0, 0, 0, 0])
+
+
+class _Rows:
+    """A dataset with ``read(indices)``, which fetch prefers."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.reads: list[list[int]] = []
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> str:
+        return f"row{i}"
+
+    def read(self, indices: list[int]) -> list[str]:
+        self.reads.append(list(indices))
+        return [f"row{i}" for i in indices]
+
+
+def test_fetch_expanding_a_chunk_equals_expand_then_fetch() -> None:
+    from zephon.operators.base import PipelineContext
+
+    a, b = _Rows(50), zp.ArraySource([f"b{i}" for i in range(50)])
+    fetch = Fetch()
+    fetch.bind(PipelineContext(datasets=[a, b]))
+    chunk = WorkChunk(
+        2, 7, np.array([0, 1, 1, 0, 1], np.int32), np.array([4, 9, 3, 40, 0], np.int64), 0
+    )
+    got = fetch.expand_chunk(chunk)
+    want = fetch.process_batch(expand(chunk))
+    assert [r.data for r in got] == [r.data for r in want] == ["row4", "b9", "b3", "row40", "b0"]
+    assert [r.contributors for r in got] == [r.contributors for r in want]
+    assert [r.mix for r in got] == [r.mix for r in want] and {r.lane for r in got} == {2}
+    assert a.reads[-1] == [4, 40]  # one read per component, in chunk order
+
+
+def test_a_batch_that_fails_to_stack_is_an_error_at_next_and_is_not_delivered() -> None:
+    class Ragged(zp.Operator):
+        traits = zp.OpTraits(preserves_cursor_order=True, stateful=False)
+        name = "ragged"
+
+        def process(self, record: Record) -> list[Record]:
+            # the second record of each batch is one element longer: batch cannot stack
+            return [record.replace(np.zeros(1 + record.contributors[0].offset % 2, np.int32))]
+
+    src = zp.StaticMixtureWorkSource([zp.ArraySource(list(range(40)))], seed=0, chunk_size=8)
+    with zp.Pipeline(src, canonical_replicas=1, prefetch=0).fetch().apply(Ragged()).batch(2) as p:
+        with pytest.raises(ValueError, match="cannot be stacked"):
+            next(iter(p))
+        assert p.stats()["lanes"][0]["batches"] == 0
+        with pytest.raises(ValueError, match="cannot be stacked"):
+            next(iter(p))  # final: the same error again, nothing skipped
+
+
+def test_prefetching_pipeline_stacks_ahead_and_matches_an_unprefetched_one() -> None:
+    with _build(4, 256, 256, 2, 16, prefetch=0) as p:
+        plain = take(p, 40)
+    with _build(4, 256, 256, 2, 16, prefetch=3) as p:
+        ahead = take(p, 40)
+    assert all(batches_equal(a, b) for a, b in zip(plain, ahead, strict=True))
