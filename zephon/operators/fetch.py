@@ -45,39 +45,35 @@ class Fetch(Operator):
         return (record.replace(self._datasets[ptr[0]][ptr[1]]),)
 
     def process_batch(self, records: list[Record]) -> list[Output]:
-        by_component: dict[int, list[int]] = {}
-        for pos, r in enumerate(records):
-            by_component.setdefault(r.data[0], []).append(pos)
-        out: list[Any] = [None] * len(records)
-        for comp, positions in by_component.items():
-            samples = read_many(self._datasets[comp], [records[p].data[1] for p in positions])
-            for p, sample in zip(positions, samples, strict=True):
-                out[p] = records[p].replace(sample)
-        return out
+        pointers = [r.data for r in records]
+        samples = self._read([c for c, _ in pointers], [i for _, i in pointers])
+        return [r.replace(s) for r, s in zip(records, samples, strict=True)]
 
     def expand_chunk(self, chunk: WorkChunk) -> list[Record]:
         """The chunk's records with their samples already read: what ``process_batch``
         returns for ``expand(chunk)``, without building pointer records first."""
         lane, cid = chunk.lane, chunk.chunk_id
         comps = chunk.components.tolist()
-        indices = chunk.indices.tolist()
-        first = comps[0] if comps else 0
-        if comps.count(first) == len(comps):
-            samples = read_many(self._datasets[first], indices)
-        else:
-            samples = [None] * len(comps)
-            by_component: dict[int, list[int]] = {}
-            for pos, c in enumerate(comps):
-                by_component.setdefault(c, []).append(pos)
-            for c, positions in by_component.items():
-                got = read_many(self._datasets[c], [indices[p] for p in positions])
-                for p, sample in zip(positions, got, strict=True):
-                    samples[p] = sample
+        samples = self._read(comps, chunk.indices.tolist())
         new = tuple.__new__
         return [
             Record(sample, lane, [new(Contributor, (cid, off, 0, True))], {c: 1})
             for off, (c, sample) in enumerate(zip(comps, samples, strict=True))
         ]
+
+    def _read(self, comps: list[int], indices: list[int]) -> list[Any]:
+        """Sample ``k`` is row ``indices[k]`` of dataset ``comps[k]``; one read per dataset."""
+        if comps and comps.count(comps[0]) == len(comps):
+            return read_many(self._datasets[comps[0]], indices)
+        by_component: dict[int, list[int]] = {}
+        for pos, c in enumerate(comps):
+            by_component.setdefault(c, []).append(pos)
+        samples: list[Any] = [None] * len(comps)
+        for c, positions in by_component.items():
+            got = read_many(self._datasets[c], [indices[p] for p in positions])
+            for p, sample in zip(positions, got, strict=True):
+                samples[p] = sample
+        return samples
 
     def fresh(self) -> Operator:
         return self  # stateless; a deep copy would duplicate the user's datasets

@@ -85,21 +85,15 @@ class TokenizeSplitPack(Operator):
                 ids = np.asarray(ids, _INT32)
             (component,) = r.mix  # a sample: one component
             n = len(ids)
-            first = r.contributors[0]
-            if n <= max_len and n <= cap and ids.ndim == 1:
+            if ids.ndim != 1 or min(n, max_len) > cap:
+                self._slow(r, ids, component, pieces, lanes)  # pack's error
+            elif n <= max_len:
                 pieces.append((r.contributors, {component: n}, (ids,), n))
                 lanes.append(r.lane)
-            elif (
-                n <= max_len
-                or ids.ndim != 1
-                or max_len > cap
-                or len(r.contributors) != 1
-                or first[2] != 0
-                or not first[3]
-            ):
-                self._slow(r, ids, component, pieces, lanes)  # with split's or pack's errors
+            elif len(r.contributors) != 1 or r.contributors[0][2:] != (0, True):
+                self._slow(r, ids, component, pieces, lanes)  # split's error
             else:
-                chunk_id, offset = first[0], first[1]
+                chunk_id, offset = r.contributors[0][:2]
                 last = (n - 1) // max_len
                 for child, start in enumerate(range(0, n, max_len)):
                     stop = start + max_len if child < last else n
@@ -113,15 +107,8 @@ class TokenizeSplitPack(Operator):
                     )
                     lanes.append(r.lane)
         t2 = time.perf_counter()
-        out: list[Output] = []
-        i, total = 0, len(pieces)
-        while i < total:  # one place() per run of one lane's pieces
-            lane = lanes[i]
-            j = i + 1
-            while j < total and lanes[j] == lane:
-                j += 1
-            out.extend(pack.place(lane, pieces[i:j]))
-            i = j
+        out = pack.place_runs(lanes, pieces)
+        total = len(pieces)
         t3 = time.perf_counter()
         for st, n_in, n_out, seconds in (
             (st_tok, len(records), len(records), t1 - t0),

@@ -85,14 +85,19 @@ class Pack(LaneStateOperator):
         return self.place(record.lane, (self.piece(record),))
 
     def process_batch(self, records: list[Record]) -> list[Output]:
+        return self.place_runs([r.lane for r in records], [self.piece(r) for r in records])
+
+    def place_runs(self, lanes: list[int], pieces: list[Piece]) -> list[Output]:
+        """:meth:`place` for pieces of several lanes (``lanes[i]`` is piece ``i``'s), one
+        call per run of one lane's pieces."""
         out: list[Output] = []
-        i, n = 0, len(records)
-        while i < n:  # one place() per run of one lane's records
-            lane = records[i].lane
+        i, n = 0, len(pieces)
+        while i < n:
+            lane = lanes[i]
             j = i + 1
-            while j < n and records[j].lane == lane:
+            while j < n and lanes[j] == lane:
                 j += 1
-            out.extend(self.place(lane, [self.piece(r) for r in records[i:j]]))
+            out.extend(self.place(lane, pieces[i:j]))
             i = j
         return out
 

@@ -73,15 +73,7 @@ class Tokenize(Operator):
 
     def process_batch(self, records: list[Record]) -> list[Output]:
         encoded = self.encode_texts([self._text(r.data) for r in records])
-        out: list[Output] = []
-        int32, ndarray = _INT32, np.ndarray
-        for r, ids in zip(records, encoded, strict=True):
-            if type(ids) is not ndarray or ids.dtype is not int32:
-                out.append(self._emit(r, ids))
-                continue
-            (component,) = r.mix  # a sample: one component
-            out.append(Record({"tokens": ids}, r.lane, r.contributors, {component: len(ids)}))
-        return out
+        return [self._emit(r, ids) for r, ids in zip(records, encoded, strict=True)]
 
     def fresh(self) -> Operator:
         return self
