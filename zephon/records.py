@@ -79,7 +79,7 @@ class LazyRecord(Record):
 
     def __init__(
         self,
-        build: Callable[[], Any],
+        build: Callable[[], Any] | None,
         lane: int,
         contributors: list[Contributor],
         mix: dict[int, int],
@@ -128,11 +128,9 @@ class BatchRecord(LazyRecord):
         num_records: int,
         build: Callable[[], Any] | None = None,
     ) -> None:
-        _DATA.__set__(self, data)
-        self._build = build
-        self.lane = lane
-        self.contributors = contributors
-        self.mix = mix
+        super().__init__(build, lane, contributors, mix)
+        if build is None:
+            _DATA.__set__(self, data)
         self.last_cursor = last_cursor
         self.num_records = num_records
 

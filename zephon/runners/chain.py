@@ -119,14 +119,13 @@ class ChainRunner:
             n_in = n_sentinels = 0
             nxt: list[Any] = []
             run: list[Record] = []
-            stateful = op.traits.stateful
             for it in items:
                 kind = type(it)
                 if kind is Tombstone:
                     out.append(it)
                 elif kind is FlushSentinel:
                     if run:
-                        nxt.extend(op.process_batch(run) if stateful else self._stateless(op, run))
+                        nxt.extend(self._run(op, run))
                         run = []
                     nxt.extend(self._sentinel(op, it))
                     nxt.append(it)
@@ -135,7 +134,7 @@ class ChainRunner:
                     n_in += 1
                     run.append(it)
             if run:
-                nxt.extend(op.process_batch(run) if stateful else self._stateless(op, run))
+                nxt.extend(self._run(op, run))
             st.records_in += n_in
             st.seconds += time.perf_counter() - t0
             items = nxt
@@ -143,10 +142,11 @@ class ChainRunner:
         out.extend(it for it in items if type(it) is not FlushSentinel)
         return out
 
-    def _stateless(self, op: Operator, records: list[Record]) -> list[Any]:
-        """A run of records through an order-preserving stateless operator, in order."""
+    def _run(self, op: Operator, records: list[Record]) -> list[Any]:
+        """A run of records through ``op``, in order; a stateless operator that asks for
+        threads gets slices of it on the pool."""
         p = op.parallelism
-        if p <= 1 or self.pool is None or len(records) < 2:
+        if op.traits.stateful or p <= 1 or self.pool is None or len(records) < 2:
             return op.process_batch(records)
         step = -(-len(records) // p)
         slices = [records[i : i + step] for i in range(0, len(records), step)]
