@@ -28,7 +28,7 @@ def zephon_lm_pipeline(
     tracking on. The pack operator reorders, so epoch-based eviction and flush sentinels run
     exactly as in a real job. ``shuffle_buffer`` adds ``.shuffle(...)`` before ``batch``;
     ``pipeline_kw`` goes to ``zp.Pipeline`` (``rank``, ``world_size``, ``output``, ...)."""
-    src = zp.StaticMixtureWorkSource([zp.ArraySource(list(docs))], seed=seed, chunk_size=chunk_size)
+    src = zp.StaticMixtureWorkSource([zp.ArraySource(docs)], seed=seed, chunk_size=chunk_size)
     pipe = (
         zp.Pipeline(
             src,

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 
 from zephon.errors import CheckpointError
 from zephon.operators.base import Operator, OpTraits, Output
-from zephon.records import FlushSentinel, Record, SampleCursor, Tombstone
+from zephon.records import Contributor, FlushSentinel, Record, SampleCursor, Tombstone
 
 
 class ReplayFilter(Operator):
@@ -23,32 +23,39 @@ class ReplayFilter(Operator):
     def __init__(self, name: str, monotone: bool) -> None:
         self.name = name
         self.monotone = monotone
-        self._targets: dict[int, SampleCursor] = {}
+        self.targets: dict[int, SampleCursor] = {}  # lane -> its target; read by pack
         self.dropped = 0
 
     def set_target(self, lane: int, cursor: SampleCursor | None) -> None:
         if cursor is None:
-            self._targets.pop(lane, None)
+            self.targets.pop(lane, None)
         else:
-            self._targets[lane] = cursor
+            self.targets[lane] = cursor
 
     def active(self, lane: int) -> bool:
-        return lane in self._targets
+        return lane in self.targets
 
     def process(self, record: Record) -> Iterable[Output]:
-        target = self._targets.get(record.lane)
-        if target is None:
+        if record.lane not in self.targets:
             return (record,)
-        cursor = record.cursor
-        if cursor == target:
-            del self._targets[record.lane]
-        elif self.monotone and cursor > target:
-            self._lost(target, f"a later record {tuple(cursor)} arrived first")
-        self.dropped += 1
+        self.drop(record.lane, record.contributors[0])
         return (Tombstone(record.lane, record.contributors),)
 
+    def drop(self, lane: int, first: Contributor) -> None:
+        """Drops a record of ``lane``, which must have a target; ``first`` is the record's
+        first contributor (its cursor). Also called by a ``pack`` right before this filter,
+        which turns the bins that would be dropped into tombstones without building them."""
+        target = self.targets[lane]
+        self.dropped += 1
+        if first[0] == target[1] and first[1] == target[2] and first[2] == target[3]:
+            del self.targets[lane]
+        elif self.monotone:
+            cursor = SampleCursor(lane, first[0], first[1], first[2])
+            if cursor > target:
+                self._lost(target, f"a later record {tuple(cursor)} arrived first")
+
     def on_sentinel(self, sentinel: FlushSentinel) -> None:
-        target = self._targets.get(sentinel.lane)
+        target = self.targets.get(sentinel.lane)
         if target is not None and (sentinel.final or sentinel.boundary > target.chunk_id):
             why = (
                 "the lane ended"

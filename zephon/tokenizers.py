@@ -1,7 +1,9 @@
 """Tokenizers for the ``tokenize`` operator.
 
 A tokenizer is any object with ``encode(text) -> np.ndarray[int32]``; ``encode_batch`` is
-used when present. :class:`ByteTokenizer` is built in; adapters for Hugging Face
+used when present, and so is ``count_tokens(texts) -> list[int]`` (``len(encode(t))`` for
+each text, without building the ids): a restore then replays samples that are dropped
+again without tokenizing them. :class:`ByteTokenizer` is built in; adapters for Hugging Face
 ``tokenizers`` and sentencepiece live beside it once their extras are installed.
 """
 
@@ -68,6 +70,17 @@ class ByteTokenizer:
             out[ends - 1] = EOS_ID
         bounds = ends.tolist()
         return [out[a:b] for a, b in zip([0, *bounds[:-1]], bounds, strict=True)]
+
+    def count_tokens(self, texts: list[Any]) -> list[int]:
+        """``len(self.encode(t))`` for each text, without encoding (an ASCII str's length is
+        its byte count)."""
+        eos = 1 if self.add_eos else 0
+        return [
+            (len(t) if t.isascii() else len(t.encode("utf-8"))) + eos
+            if type(t) is str
+            else len(self._bytes(t)) + eos
+            for t in texts
+        ]
 
     def decode(self, ids: np.ndarray) -> str:
         ids = np.asarray(ids)

@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import zephon as zp
+
 _ROOT = Path(__file__).resolve().parents[2]
 if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
@@ -102,12 +104,13 @@ def test_read_equals_getitem_and_indexing():
         SyntheticDocs(-1)
 
 
-def test_pregenerate_is_a_plain_list():
+def test_pregenerate_is_a_plain_tuple_that_array_source_keeps():
     ds = SyntheticDocs(25, seed=2)
     docs = pregenerate(ds)
-    assert type(docs) is list and len(docs) == 25
-    assert docs == [ds[i] for i in range(25)]
+    assert type(docs) is tuple and len(docs) == 25
+    assert docs == tuple(ds[i] for i in range(25))
     assert pregenerate(docs) == docs
+    assert zp.ArraySource(docs)._items is docs  # no copy per loader built
 
 
 def test_byte_tokenize_values():

@@ -25,7 +25,7 @@ import hashlib
 import os
 import stat
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -408,6 +408,31 @@ def _decode(h: _Header, payload: memoryview) -> dict[str, Any]:
             f"not a checkpoint state: top level is {type(state).__name__}, expected dict"
         )
     # msgpack's strict_map_key still admits bytes keys; a state's keys are str.
+    if not _plain(state):
+        _explain_keys(state)
+    return state
+
+
+def _plain(state: dict[str, Any]) -> bool:
+    """Whether every key in ``state`` is a str and nothing nests deeper than ``_MAX_DEPTH``
+    (the quick check: it builds no paths, and looks only at containers)."""
+    stack: list[tuple[Any, int]] = [(state, 0)]
+    while stack:
+        value, depth = stack.pop()
+        if depth >= _MAX_DEPTH and value:  # its contents would lie too deep
+            return False
+        if type(value) is dict:
+            if not all(type(k) is str for k in value):
+                return False
+            children: Iterable[Any] = value.values()
+        else:
+            children = value
+        stack.extend((v, depth + 1) for v in children if type(v) is dict or type(v) is list)
+    return True
+
+
+def _explain_keys(state: dict[str, Any]) -> None:
+    """Raises the CheckpointError that says where :func:`_plain` failed."""
     for path, value in _walk(state):
         if len(path) > _MAX_DEPTH:
             raise CheckpointError(
@@ -420,7 +445,7 @@ def _decode(h: _Header, payload: memoryview) -> dict[str, Any]:
                         f"corrupt: {_where(path)} has key {key!r} of type"
                         f" {type(key).__name__}; checkpoint keys are str"
                     )
-    return state
+    raise CheckpointError("corrupt: malformed state")  # _plain and _walk disagree: unreachable
 
 
 def _reject_ext(code: int, data: bytes) -> object:

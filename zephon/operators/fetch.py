@@ -53,13 +53,17 @@ class Fetch(Operator):
         """The chunk's records with their samples already read: what ``process_batch``
         returns for ``expand(chunk)``, without building pointer records first."""
         lane, cid = chunk.lane, chunk.chunk_id
-        comps = chunk.components.tolist()
-        samples = self._read(comps, chunk.indices.tolist())
+        comps, samples = self.read_chunk(chunk)
         new = tuple.__new__
         return [
             Record(sample, lane, [new(Contributor, (cid, off, 0, True))], {c: 1})
             for off, (c, sample) in enumerate(zip(comps, samples, strict=True))
         ]
+
+    def read_chunk(self, chunk: WorkChunk) -> tuple[list[int], list[Any]]:
+        """The chunk's components and samples, in offset order."""
+        comps = chunk.components.tolist()
+        return comps, self._read(comps, chunk.indices.tolist())
 
     def _read(self, comps: list[int], indices: list[int]) -> list[Any]:
         """Sample ``k`` is row ``indices[k]`` of dataset ``comps[k]``; one read per dataset."""

@@ -8,6 +8,11 @@ after the other: the same data, contributors, mix and order (tests compare the t
 It matters most on a restore, which replays every sample since the lane's epoch began
 through this stage, and the fused stage does it for about half the work.
 
+After a restore, while a lane replays towards its replay target (``pack`` right before the
+replay filter, which then drops every bin up to the target), a tokenizer that can count its
+tokens (``count_tokens``) lets the stage place pieces by their lengths alone: a piece's
+tokens are made only if its bin is ever assembled, and the bins the filter drops never are.
+
 Anything off the common path (a tokenizer returning something other than a 1-D int32
 array, a piece longer than ``seq_len``, a sample that is already a piece) takes the
 operators' own code, with their own errors.
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -24,7 +30,7 @@ from zephon.operators.base import Operator, OpStats, OpTraits, Output
 from zephon.operators.pack import Pack, Piece
 from zephon.operators.split import Split
 from zephon.operators.tokenize import Tokenize
-from zephon.records import Contributor, FlushSentinel, Record
+from zephon.records import Contributor, FlushSentinel, Record, Tombstone
 
 _INT32 = np.dtype(np.int32)
 
@@ -50,6 +56,82 @@ def fusable(ops: Sequence[Operator], i: int, threaded: bool) -> tuple[Tokenize, 
     return None
 
 
+class _Doc:
+    """A sample's text whose ids are made on first use. As a piece's arrays (pack reads
+    ``doc[0]``, the tokens) it stands for the whole sample; :class:`_Span` for a part."""
+
+    __slots__ = ("text", "tokenize", "count", "ids")
+
+    def __init__(self, text: Any, tokenize: Tokenize, count: int) -> None:
+        self.text, self.tokenize, self.count = text, tokenize, count
+        self.ids: np.ndarray | None = None
+
+    def tokens(self) -> np.ndarray:
+        if self.ids is None:
+            ids = np.asarray(self.tokenize.tokenizer.encode(self.text), _INT32)
+            if ids.ndim != 1 or len(ids) != self.count:
+                raise ValueError(
+                    f"{type(self.tokenize.tokenizer).__name__}.count_tokens said {self.count} "
+                    f"tokens but encode returned shape {ids.shape}; they must agree"
+                )
+            self.ids = ids
+        return self.ids
+
+    def __len__(self) -> int:
+        return 1
+
+    def __getitem__(self, feature: int) -> np.ndarray:
+        if feature != 0:
+            raise IndexError(feature)
+        return self.tokens()
+
+
+class _Span:
+    """A piece's arrays (pack reads ``span[0]``, its tokens) before they exist: the ids of
+    ``doc`` from ``start`` to ``stop``, made when pack assembles the piece's bin."""
+
+    __slots__ = ("doc", "start", "stop")
+
+    def __init__(self, doc: _Doc, start: int, stop: int) -> None:
+        self.doc, self.start, self.stop = doc, start, stop
+
+    def __len__(self) -> int:
+        return 1
+
+    def __getitem__(self, feature: int) -> np.ndarray:
+        if feature != 0:
+            raise IndexError(feature)
+        return self.doc.tokens()[self.start : self.stop]
+
+
+def _real(pieces: list[Any], tokenize: Tokenize, docs: dict[tuple[int, int], _Doc]) -> list[Piece]:
+    """``pieces`` with every bare piece made real (others pass as they are).
+
+    A bare piece is ``((chunk_id, offset), child, is_last, start, stop, component, text,
+    count)``: tokens ``start:stop`` of a sample whose text encodes to ``count`` tokens.
+    ``docs`` shares one :class:`_Doc` between pieces of one sample.
+    """
+    out: list[Piece] = []
+    new = tuple.__new__
+    for p in pieces:
+        if len(p) == 4:
+            out.append(p)
+            continue
+        key, child, last, start, stop, component, text, count = p
+        doc = docs.get(key)
+        if doc is None:
+            doc = docs[key] = _Doc(text, tokenize, count)
+        out.append(
+            (
+                [new(Contributor, (key[0], key[1], child, last))],
+                {component: stop - start},
+                doc if start == 0 and last else _Span(doc, start, stop),  # type: ignore[arg-type]
+                stop - start,
+            )
+        )
+    return out
+
+
 class TokenizeSplitPack(Operator):
     """The fused stage; ``stats`` are the three operators' own counters, kept up to date."""
 
@@ -65,15 +147,52 @@ class TokenizeSplitPack(Operator):
         self.tokenize, self.split, self.pack = tokenize, split, pack
         self.name = pack.name  # what pending() reports on is pack's
         self.stats = stats
+        self._count = getattr(tokenize.tokenizer, "count_tokens", None)
+        self._bare: set[int] = set()  # lanes whose bins may hold bare pieces (see forward)
 
     def process(self, record: Record) -> Iterable[Output]:
         return self.process_batch([record])
 
+    def realize(self, lane: int) -> None:
+        """Turns the bare pieces in ``lane``'s bins into real ones (pack's own code may then
+        touch them)."""
+        if lane in self._bare:
+            self._bare.discard(lane)
+            bins = self.pack.bins(lane)
+            docs: dict[tuple[int, int], _Doc] = {}  # pieces of one sample share its tokens
+            held = bins.pieces  # changed in place: forward() holds on to it
+            for b, pieces in enumerate(held):
+                held[b] = _real(pieces, self.tokenize, docs)
+
+    def forwards(self, lane: int) -> bool:
+        """Whether ``lane`` replays towards a target that pack's screen will drop bins up
+        to, with a tokenizer that counts (see :meth:`forward`)."""
+        screen = self.pack.screen
+        return (
+            self._count is not None
+            and screen is not None
+            and screen.active(lane)
+            and self.split.max_len <= self.pack.seq_len
+        )
+
     def process_batch(self, records: list[Record]) -> list[Output]:
+        lane = records[0].lane
+        if self.forwards(lane) and all(
+            r.lane == lane and len(r.contributors) == 1 and r.contributors[0][2:] == (0, True)
+            for r in records
+        ):
+            return self.forward(
+                lane,
+                [r.contributors[0][:2] for r in records],
+                [next(iter(r.mix)) for r in records],
+                [r.data for r in records],
+            )
+        for lane in {r.lane for r in records} & self._bare:
+            self.realize(lane)
         tok, split, pack = self.tokenize, self.split, self.pack
         st_tok, st_split, st_pack = self.stats
         t0 = time.perf_counter()
-        texts = [tok._text(r.data) for r in records]
+        texts = tok.texts([r.data for r in records])
         encoded = tok.encode_texts(texts)
         t1 = time.perf_counter()
         pieces: list[Piece] = []
@@ -120,6 +239,94 @@ class TokenizeSplitPack(Operator):
             st.seconds += seconds
         return out
 
+    def forward(
+        self,
+        lane: int,
+        keys: Sequence[tuple[int, int]],
+        components: list[int],
+        samples: list[Any],
+    ) -> list[Output]:
+        """What :meth:`process_batch` returns for whole samples of ``lane`` while it replays
+        (:meth:`forwards`), placed by their token counts alone. Sample ``k`` is offset
+        ``keys[k][1]`` of chunk ``keys[k][0]``, of component ``components[k]``.
+
+        A piece waits in its bin as a bare tuple (see :func:`_real`). The bins the replay
+        filter would drop become one tombstone; once the target is found, the lane's pieces
+        become real ones, whose tokens are made only if their bin is ever assembled.
+        """
+        assert self._count is not None and self.pack.screen is not None
+        tok, pack, screen = self.tokenize, self.pack, self.pack.screen
+        st_tok, st_split, st_pack = self.stats
+        t0 = time.perf_counter()
+        texts = tok.texts(samples)
+        counts = self._count(texts)
+        if len(counts) != len(texts):
+            raise ValueError(
+                f"{type(tok.tokenizer).__name__}.count_tokens returned {len(counts)} counts "
+                f"for {len(texts)} texts; it must return one per text"
+            )
+        t1 = time.perf_counter()
+        bins = pack.bins(lane)
+        fill, held = bins.fill, bins.pieces
+        cap, max_len = pack.seq_len, self.split.max_len
+        bin_ids = range(pack.num_bins)
+        targets = screen.targets
+        out: list[Output] = []
+        dropped: list[Contributor] = []  # one tombstone for all the bins dropped here
+        new = tuple.__new__
+        self._bare.add(lane)
+
+        def emit(b: int) -> None:
+            if lane not in targets:  # found: from here on, what pack would emit
+                held[b] = _real(held[b], tok, {})
+                out.append(pack.emit(lane, bins, b))
+                return
+            first = len(dropped)
+            for p in held[b]:
+                if len(p) == 4:
+                    dropped.extend(p[0])
+                else:
+                    dropped.append(new(Contributor, (p[0][0], p[0][1], p[1], p[2])))
+            held[b] = []
+            fill[b] = 0
+            screen.drop(lane, dropped[first])
+            if lane not in targets:
+                self.realize(lane)
+
+        n_pieces = 0
+        for key, comp, text, n in zip(keys, components, texts, counts, strict=True):
+            last = 0 if n <= max_len else (n - 1) // max_len
+            n_pieces += last + 1
+            for child in range(last + 1):
+                start = child * max_len
+                stop = n if child == last else start + max_len
+                room = cap - (stop - start)
+                for b in bin_ids:  # first fit
+                    if fill[b] <= room:
+                        break
+                else:
+                    b = fill.index(max(fill))  # the fullest goes, lowest index on ties
+                    emit(b)
+                held[b].append((key, child, child == last, start, stop, comp, text, n))  # type: ignore[arg-type]
+                fill[b] += stop - start
+                if fill[b] == cap:
+                    emit(b)
+        self._bare.add(lane)  # again: pieces placed after the target was found are bare
+        if lane not in targets:
+            self.realize(lane)
+        if dropped:
+            out.append(Tombstone(lane, dropped))
+        t2 = time.perf_counter()
+        for st, n_in, n_out, seconds in (
+            (st_tok, len(texts), len(texts), t1 - t0),
+            (st_split, len(texts), n_pieces, 0.0),
+            (st_pack, n_pieces, len(out), t2 - t1),
+        ):
+            st.records_in += n_in
+            st.records_out += n_out
+            st.seconds += seconds
+        return out
+
     def _slow(
         self, record: Record, ids: np.ndarray, component: int, pieces: list[Piece], lanes: list[int]
     ) -> None:
@@ -136,6 +343,7 @@ class TokenizeSplitPack(Operator):
 
     def flush(self, reset: bool, lane_id: int) -> Iterable[Output]:
         t0 = time.perf_counter()
+        self.realize(lane_id)
         out = list(self.pack.flush(reset, lane_id))
         st = self.stats[2]
         st.records_out += len(out)

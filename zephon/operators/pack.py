@@ -9,11 +9,15 @@ ties). The bins' state depends on all history, which is why flush sentinels exis
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from zephon.operators.base import LaneStateOperator, OpTraits, Output
-from zephon.records import Contributor, LazyRecord, Record
+from zephon.records import Contributor, LazyRecord, Record, Tombstone
+
+if TYPE_CHECKING:
+    from zephon.replay import ReplayFilter
 
 #: A piece waiting in a bin: its contributors, its per-component token counts, its arrays
 #: (one per packed feature) and its length.
@@ -31,6 +35,9 @@ class _Bins:
 class Pack(LaneStateOperator):
     traits = OpTraits(preserves_cursor_order=False, stateful=True)
     name = "pack"
+    #: The replay filter when it comes right after this operator (the chain runner sets it):
+    #: after a restore, the bins it would drop become tombstones here, never records.
+    screen: ReplayFilter | None = None
 
     def __init__(
         self, seq_len: int, num_bins: int = 8, features: Sequence[str] = ("tokens",)
@@ -101,11 +108,16 @@ class Pack(LaneStateOperator):
             i = j
         return out
 
-    def place(self, lane: int, pieces: Iterable[Piece]) -> list[Output]:
-        """First-fit placement of ``lane``'s pieces, in order; the bins it emits."""
+    def bins(self, lane: int) -> _Bins:
+        """``lane``'s open bins (made empty on first use)."""
         bins = self._lanes.get(lane)
         if bins is None:
             bins = self._lanes[lane] = _Bins(self.num_bins)
+        return bins  # type: ignore[no-any-return]
+
+    def place(self, lane: int, pieces: Iterable[Piece]) -> list[Output]:
+        """First-fit placement of ``lane``'s pieces, in order; the bins it emits."""
+        bins = self.bins(lane)
         cap, num_bins = self.seq_len, self.num_bins
         fill, held = bins.fill, bins.pieces
         out: list[Output] = []
@@ -116,19 +128,25 @@ class Pack(LaneStateOperator):
                     break
             else:
                 # Nothing fits: the fullest bin goes (lowest index on ties), its slot reopens.
-                target = max(range(num_bins), key=lambda i: (fill[i], -i))
-                out.append(self._emit(lane, bins, target))
+                target = fill.index(max(fill))
+                out.append(self.emit(lane, bins, target))
             held[target].append(piece)
             fill[target] += piece[3]
             if fill[target] == cap:
-                out.append(self._emit(lane, bins, target))
+                out.append(self.emit(lane, bins, target))
         return out
 
-    def _emit(self, lane: int, bins: _Bins, i: int) -> Record:
+    def emit(self, lane: int, bins: _Bins, i: int) -> Output:
+        """Empties bin ``i`` of ``lane``: its record, or a tombstone if the screen drops it."""
         pieces = bins.pieces[i]
         bins.pieces[i] = []
         bins.fill[i] = 0
         contributors = [c for p in pieces for c in p[0]]
+        screen = self.screen
+        if screen is not None and lane in screen.targets:
+            # What the replay filter right after would do with the record, without the record.
+            screen.drop(lane, contributors[0])
+            return Tombstone(lane, contributors)
         mix: dict[int, int] = {}
         for p in pieces:
             for comp, w in p[1].items():
@@ -161,7 +179,7 @@ class Pack(LaneStateOperator):
         bins = self._lanes.get(lane_id)
         if bins is None:
             return ()
-        out = [self._emit(lane_id, bins, i) for i in range(self.num_bins) if bins.pieces[i]]
+        out = [self.emit(lane_id, bins, i) for i in range(self.num_bins) if bins.pieces[i]]
         if reset:
             del self._lanes[lane_id]
         return out

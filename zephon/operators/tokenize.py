@@ -49,6 +49,12 @@ class Tokenize(Operator):
             )
         return data
 
+    def texts(self, samples: list[Any]) -> list[Any]:
+        """What each sample gives the tokenizer (:meth:`_text`; plain strings as they are)."""
+        if all(type(x) is str for x in samples):
+            return samples
+        return [self._text(x) for x in samples]
+
     def _emit(self, record: Record, ids: Any) -> Record:
         tokens = ids if type(ids) is np.ndarray and ids.dtype is _INT32 else np.asarray(ids, _INT32)
         (component,) = record.mix  # a sample: one component
@@ -72,7 +78,7 @@ class Tokenize(Operator):
         return encoded
 
     def process_batch(self, records: list[Record]) -> list[Output]:
-        encoded = self.encode_texts([self._text(r.data) for r in records])
+        encoded = self.encode_texts(self.texts([r.data for r in records]))
         return [self._emit(r, ids) for r, ids in zip(records, encoded, strict=True)]
 
     def fresh(self) -> Operator:

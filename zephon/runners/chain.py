@@ -14,16 +14,18 @@ contributors that were tombstoned since the lane's previous output.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 from zephon.chunks import SamplePointer, WorkChunk
 from zephon.errors import ContractViolation
 from zephon.operators.base import Operator, OpStats
 from zephon.operators.fetch import Fetch
 from zephon.operators.fused import TokenizeSplitPack, fusable
+from zephon.operators.pack import Pack
 from zephon.records import Contributor, FlushSentinel, Record, Tombstone
+from zephon.replay import ReplayFilter
 
 
 class LaneOutput:
@@ -55,6 +57,8 @@ def expand(chunk: WorkChunk) -> list[Record]:
     ]
 
 
+_T = TypeVar("_T")
+
 #: Run ``tokenize -> split -> pack`` as one stage where the chain has it (see
 #: :mod:`zephon.operators.fused`); tests turn it off to compare the two paths.
 FUSE = True
@@ -80,28 +84,41 @@ class ChainRunner:
             else:
                 self._steps.append((self.ops[i], self.stats[i]))
                 i += 1
+        # A pack right before the replay filter drops, after a restore, the bins the filter
+        # would drop, as it emits them: they are never turned into records.
+        for before, op in zip(self.ops, self.ops[1:], strict=False):
+            if isinstance(op, ReplayFilter) and type(before) is Pack:
+                before.screen = op
         # A leading built-in fetch on this thread reads each chunk's samples as it expands
         # it (it is stateless: sentinels pass it untouched); the chain proper starts after it.
         head = self.ops[0] if self.ops else None
         self._fetch = head if type(head) is Fetch and head.parallelism <= 1 else None
+        # After it a fused stage takes the samples of a replaying lane's chunk straight from
+        # fetch (see TokenizeSplitPack.forward): no record per sample.
+        second = self._steps[1][0] if self._fetch is not None and len(self._steps) > 1 else None
+        self._forward = second if isinstance(second, TokenizeSplitPack) else None
 
     def feed(self, items: Sequence[WorkChunk | FlushSentinel]) -> list[LaneOutput]:
         layer: list[Any] = []
-        fetch = self._fetch
-        t0 = time.perf_counter()
+        produced: list[Any] = []
+        fetch, forward = self._fetch, self._forward
+        start = 0 if fetch is None else 1
         for it in items:
-            if isinstance(it, WorkChunk):
-                layer.extend(expand(it) if fetch is None else fetch.expand_chunk(it))
-            else:
+            if not isinstance(it, WorkChunk):
                 layer.append(it)
-        if fetch is not None:
-            st = self.stats[0]
-            n = sum(len(it) for it in items if isinstance(it, WorkChunk))
-            st.records_in += n
-            st.records_out += n
-            st.seconds += time.perf_counter() - t0
+            elif fetch is None:
+                layer.extend(expand(it))
+            elif forward is not None and forward.forwards(it.lane):
+                produced.extend(self._push(layer, start))  # what came before goes first
+                layer = []
+                comps, samples = self._timed_fetch(fetch, it, fetch.read_chunk)
+                keys = [(it.chunk_id, off) for off in range(len(comps))]
+                pieces = forward.forward(it.lane, keys, comps, samples)
+                produced.extend(self._push(pieces, start + 1))
+            else:
+                layer.extend(self._timed_fetch(fetch, it, fetch.expand_chunk))
         final_lanes = [it.lane for it in items if isinstance(it, FlushSentinel) and it.final]
-        produced = self._push(layer, 0 if fetch is None else 1)
+        produced.extend(self._push(layer, start))
         out: list[LaneOutput] = []
         for it in produced:
             if type(it) is Tombstone:
@@ -112,7 +129,19 @@ class ChainRunner:
             out.append(LaneOutput(lane, None, self._tombs.pop(lane, []), end=True))
         return out
 
+    def _timed_fetch(self, fetch: Fetch, chunk: WorkChunk, read: Callable[[WorkChunk], _T]) -> _T:
+        """``read(chunk)``, counted in fetch's stats."""
+        t0 = time.perf_counter()
+        got = read(chunk)
+        st = self.stats[0]
+        st.records_in += len(chunk)
+        st.records_out += len(chunk)
+        st.seconds += time.perf_counter() - t0
+        return got
+
     def _push(self, items: list[Any], start: int = 0) -> list[Any]:
+        if not items:
+            return []
         out: list[Any] = []
         for op, st in self._steps[start:]:
             t0 = time.perf_counter()
