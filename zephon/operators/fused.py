@@ -104,6 +104,15 @@ class _Span:
         return self.doc.tokens()[self.start : self.stop]
 
 
+def _cuts(n: int, max_len: int) -> list[tuple[int, bool, int, int]]:
+    """``(child, is_last, start, stop)`` of each piece that split cuts ``n`` tokens into."""
+    last = (n - 1) // max_len
+    return [
+        (child, child == last, start, n if child == last else start + max_len)
+        for child, start in enumerate(range(0, n, max_len))
+    ]
+
+
 def _real(pieces: list[Any], tokenize: Tokenize, docs: dict[tuple[int, int], _Doc]) -> list[Piece]:
     """``pieces`` with every bare piece made real (others pass as they are).
 
@@ -171,6 +180,7 @@ class TokenizeSplitPack(Operator):
         return (
             self._count is not None
             and screen is not None
+            and not screen.monotone  # (pack reorders: it is never)
             and screen.active(lane)
             and self.split.max_len <= self.pack.seq_len
         )
@@ -276,30 +286,36 @@ class TokenizeSplitPack(Operator):
         new = tuple.__new__
         self._bare.add(lane)
 
+        target = targets[lane][1:]  # (chunk_id, offset, child) of the last delivered record
+        drops = 0
+
         def emit(b: int) -> None:
+            nonlocal drops
+            pieces = held[b]
             if lane not in targets:  # found: from here on, what pack would emit
-                held[b] = _real(held[b], tok, {})
+                held[b] = _real(pieces, tok, {})
                 out.append(pack.emit(lane, bins, b))
                 return
-            first = len(dropped)
-            for p in held[b]:
+            held[b] = []
+            fill[b] = 0
+            i = len(dropped)
+            for p in pieces:
                 if len(p) == 4:
                     dropped.extend(p[0])
                 else:
-                    dropped.append(new(Contributor, (p[0][0], p[0][1], p[1], p[2])))
-            held[b] = []
-            fill[b] = 0
-            screen.drop(lane, dropped[first])
-            if lane not in targets:
+                    dropped.append(new(Contributor, (*p[0], p[1], p[2])))
+            c = dropped[i]  # the record's cursor
+            if c[0] != target[0] or c[1] != target[1] or c[2] != target[2]:
+                drops += 1  # what the filter does with a record that is not its target
+            else:
+                screen.drop(lane, c)  # the target: the filter lets go of the lane
                 self.realize(lane)
 
         n_pieces = 0
         for key, comp, text, n in zip(keys, components, texts, counts, strict=True):
-            last = 0 if n <= max_len else (n - 1) // max_len
-            n_pieces += last + 1
-            for child in range(last + 1):
-                start = child * max_len
-                stop = n if child == last else start + max_len
+            pieces = ((0, True, 0, n),) if n <= max_len else _cuts(n, max_len)
+            n_pieces += len(pieces)
+            for child, last, start, stop in pieces:
                 room = cap - (stop - start)
                 for b in bin_ids:  # first fit
                     if fill[b] <= room:
@@ -307,10 +323,11 @@ class TokenizeSplitPack(Operator):
                 else:
                     b = fill.index(max(fill))  # the fullest goes, lowest index on ties
                     emit(b)
-                held[b].append((key, child, child == last, start, stop, comp, text, n))  # type: ignore[arg-type]
+                held[b].append((key, child, last, start, stop, comp, text, n))  # type: ignore[arg-type]
                 fill[b] += stop - start
                 if fill[b] == cap:
                     emit(b)
+        screen.dropped += drops
         self._bare.add(lane)  # again: pieces placed after the target was found are bare
         if lane not in targets:
             self.realize(lane)

@@ -168,3 +168,31 @@ def test_byte_tokenizer_encode_batch_equals_encode(add_eos: bool) -> None:
 def test_byte_tokenizer_encode_batch_rejects_other_types() -> None:
     with pytest.raises(TypeError, match="takes str or bytes; got int"):
         zp.ByteTokenizer().encode_batch(["ok", 3])
+
+
+@pytest.mark.parametrize("add_eos", [True, False])
+def test_byte_tokenizer_counts_what_encode_returns(add_eos: bool) -> None:
+    tok = zp.ByteTokenizer(add_eos=add_eos)
+    texts = [
+        "héllo",
+        "",
+        b"a\0b\0",
+        "\0",
+        "x" * 5000,
+        bytearray(b"\xff\xfe"),
+        "€" * 7,
+        memoryview(b"q"),
+    ]
+    assert tok.count_tokens(texts) == [len(tok.encode(t)) for t in texts]
+    assert tok.count_tokens([]) == []
+    with pytest.raises(TypeError, match="takes str or bytes; got int"):
+        tok.count_tokens(["ok", 3])
+
+
+def test_tokenize_texts_passes_plain_strings_and_unpacks_the_rest() -> None:
+    op = Tokenize(zp.ByteTokenizer(), field="body")
+    strings = ["a", "b"]
+    assert op.texts(strings) is strings
+    assert op.texts(["a", {"body": "b"}, b"c"]) == ["a", "b", b"c"]
+    with pytest.raises(TypeError, match="add .fetch"):
+        op.texts(["a", SamplePointer(0, 1)])

@@ -41,3 +41,16 @@ def test_empty():
 def test_rejects_a_0d_array():
     with pytest.raises(ValueError, match="0-d array"):
         ArraySource(np.array(5))
+
+
+def test_read_checks_every_index_on_any_path():
+    ds = ArraySource(["a", "b", "c"])
+    assert ds.read([2, 0, 2]) == ["c", "a", "c"]
+    assert ds.read([]) == []
+    with pytest.raises(IndexError, match="index 3 is out of range for length 3"):
+        ds.read([0, 3])
+    with pytest.raises(IndexError, match="index -1 is out of range for length 3"):
+        ds.read([1, -1])
+    with pytest.raises(TypeError):
+        ds.read([0, 1.0])
+    assert ds.read([np.int64(1), True]) == ["b", "b"]  # anything with __index__, as ds[i]
