@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
 from zephon.chunks import WorkChunk
@@ -42,14 +43,24 @@ class ChunkTrack:
         self.bitmap = 0
         self.closed = 0
 
-    def add(self, offset: int, child: int, is_last: bool) -> None:
-        self.delivered[offset] += 1
-        if is_last:
-            self.total[offset] = child + 1
-        total = self.total[offset]
-        if total and self.delivered[offset] == total and not (self.bitmap >> offset) & 1:
-            self.bitmap |= 1 << offset
-            self.closed += 1
+    def add_run(self, pieces: Sequence[Contributor], i: int) -> int:
+        """Counts ``pieces[i]``, ``pieces[i + 1]``, ... for as long as they are of this chunk;
+        returns the index of the first that is not (or ``len(pieces)``)."""
+        chunk_id, n = self.chunk.chunk_id, len(pieces)
+        delivered, total = self.delivered, self.total
+        while i < n:
+            piece = pieces[i]
+            if piece[0] != chunk_id:
+                break
+            offset = piece[1]
+            delivered[offset] += 1
+            if piece[3]:  # the last child: now the total is known
+                total[offset] = piece[2] + 1
+            if delivered[offset] == total[offset] and not (self.bitmap >> offset) & 1:
+                self.bitmap |= 1 << offset
+                self.closed += 1
+            i += 1
+        return i
 
     @property
     def complete(self) -> bool:
@@ -111,16 +122,16 @@ class LaneTracker:
     def close(self, contributors: list[Contributor]) -> None:
         """Count delivered (or tombstoned) children; unknown chunks are a bug upstream."""
         inflight = self.inflight
-        track: ChunkTrack | None = None
-        for chunk_id, offset, child, is_last in contributors:
-            if track is None or track.chunk.chunk_id != chunk_id:  # pieces come in runs
-                track = inflight.get(chunk_id)
-                if track is None:
-                    raise RuntimeError(
-                        f"lane {self.lane}: delivery names chunk {chunk_id}, which is not in "
-                        f"flight (in flight: {list(inflight)[:8]}...); this is a Zephon bug"
-                    )
-            track.add(offset, child, is_last)
+        i, n = 0, len(contributors)
+        while i < n:  # pieces come in runs of one chunk
+            chunk_id = contributors[i][0]
+            track = inflight.get(chunk_id)
+            if track is None:
+                raise RuntimeError(
+                    f"lane {self.lane}: delivery names chunk {chunk_id}, which is not in "
+                    f"flight (in flight: {list(inflight)[:8]}...); this is a Zephon bug"
+                )
+            i = track.add_run(contributors, i)
 
     def deliver(self, contributors: list[Contributor], last_cursor: SampleCursor | None) -> None:
         self.close(contributors)

@@ -51,13 +51,12 @@ def close_chunk(t: LaneTracker, chunk_id: int, offsets=range(4)) -> None:
 
 def test_bitmap_and_popcount_close_offsets_by_children_in_any_order():
     track = ChunkTrack(WorkChunk(0, 5, np.zeros(4, np.int32), np.arange(4, dtype=np.int64), 0))
-    track.add(2, 1, True)  # last child first: total known (2), one delivered
+    assert track.add_run([Contributor(5, 2, 1, True)], 0) == 1  # last child first: total 2
     assert track.closed == 0
-    track.add(2, 0, False)
-    assert track.bitmap == 0b0100 and track.closed == 1
-    track.add(0, 0, True)
-    track.add(1, 0, True)
-    track.add(3, 0, True)
+    assert track.add_run([Contributor(5, 2, 0, False), Contributor(6, 0, 0, True)], 0) == 1
+    assert track.bitmap == 0b0100 and track.closed == 1  # stopped at chunk 6's piece
+    pieces = [Contributor(4, 0, 0, True), *(Contributor(5, o, 0, True) for o in (0, 1, 3))]
+    assert track.add_run(pieces, 1) == 4
     assert track.complete and track.bitmap == 0b1111
 
 

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from zephon._native import load
 from zephon.operators.base import Operator, OpStats, OpTraits, Output
 from zephon.operators.pack import Pack, Piece
 from zephon.operators.split import Split
@@ -102,6 +103,10 @@ class _Span:
         if feature != 0:
             raise IndexError(feature)
         return self.doc.tokens()[self.start : self.stop]
+
+
+_NATIVE = load("_pack")  # TokenizeSplitPack.forward's drop phase in C
+_NATIVE_MAX_BINS = 4096
 
 
 def _cuts(n: int, max_len: int) -> list[tuple[int, bool, int, int]]:
@@ -270,10 +275,13 @@ class TokenizeSplitPack(Operator):
         t0 = time.perf_counter()
         texts = tok.texts(samples)
         counts = self._count(texts)
-        if len(counts) != len(texts):
+        if type(counts) is not list:
+            counts = [int(n) for n in counts]
+        if len(counts) != len(texts) or (counts and min(counts) < 0):
             raise ValueError(
                 f"{type(tok.tokenizer).__name__}.count_tokens returned {len(counts)} counts "
-                f"for {len(texts)} texts; it must return one per text"
+                f"for {len(texts)} texts (least {min(counts, default=0)}); it must return one "
+                "count >= 0 per text"
             )
         t1 = time.perf_counter()
         bins = pack.bins(lane)
@@ -311,10 +319,23 @@ class TokenizeSplitPack(Operator):
                 screen.drop(lane, c)  # the target: the filter lets go of the lane
                 self.realize(lane)
 
-        n_pieces = 0
-        for key, comp, text, n in zip(keys, components, texts, counts, strict=True):
+        k0 = child0 = 0  # the first piece the loop below places
+        if _NATIVE is not None and len(held) <= _NATIVE_MAX_BINS:
+            # The same loop in C, for as long as every bin it empties is dropped.
+            k0, child0, n, found = _NATIVE.drop_until_target(
+                held, fill, cap, max_len, list(keys), components, texts, counts,
+                target, Contributor, dropped,
+            )  # fmt: skip
+            drops += n
+            if found is not None:
+                screen.drop(lane, found)  # the target: the filter lets go of the lane
+                self.realize(lane)
+        for k in range(k0, len(counts)):
+            key, comp, text, n = keys[k], components[k], texts[k], counts[k]
+            pieces: Sequence[tuple[int, bool, int, int]]
             pieces = ((0, True, 0, n),) if n <= max_len else _cuts(n, max_len)
-            n_pieces += len(pieces)
+            if k == k0 and child0:
+                pieces = pieces[child0:]
             for child, last, start, stop in pieces:
                 room = cap - (stop - start)
                 for b in bin_ids:  # first fit
@@ -328,6 +349,7 @@ class TokenizeSplitPack(Operator):
                 if fill[b] == cap:
                     emit(b)
         screen.dropped += drops
+        n_pieces = len(counts) + sum((n - 1) // max_len for n in counts if n > max_len)
         self._bare.add(lane)  # again: pieces placed after the target was found are bare
         if lane not in targets:
             self.realize(lane)

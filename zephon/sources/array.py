@@ -38,14 +38,12 @@ class ArraySource:
     def read(self, indices: Sequence[int]) -> list[Any]:
         """Items at `indices`, in that order."""
         items = self._items
-        if (
-            type(items) is tuple
-            and indices
-            and all(type(i) is int for i in indices)
-            and min(indices) >= 0
-            and max(indices) < len(items)
-        ):
-            return [items[i] for i in indices]  # all valid: nothing to check one by one
+        if type(items) is tuple and indices:
+            try:  # all in range: nothing to check one by one
+                if min(indices) >= 0 and max(indices) < len(items):
+                    return [items[i] for i in indices]
+            except TypeError:
+                pass  # not all ints: check_index below says which
         checked = [check_index("ArraySource", i, len(self._items)) for i in indices]
         if isinstance(self._items, np.ndarray):
             return list(self._items[checked])

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import functools
 import operator
-import os
-from types import ModuleType
 
 import numpy as np
+
+from zephon._native import load
 
 __all__ = ["NUM_ROUNDS", "MAX_N", "mix64", "permute"]
 
@@ -37,19 +37,7 @@ MAX_N = 2**63
 _SCALAR_MAX = 16
 
 
-def _native() -> ModuleType | None:
-    """The C version of the array path (``zephon._permute``), unless it is not built or
-    ``ZEPHON_PURE_PYTHON=1`` asks for pure Python."""
-    if os.environ.get("ZEPHON_PURE_PYTHON") == "1":
-        return None
-    try:
-        from zephon import _permute
-    except ImportError:
-        return None
-    return _permute
-
-
-_NATIVE = _native()
+_NATIVE = load("_permute")  # the C version of the array path
 
 _MASK64 = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
