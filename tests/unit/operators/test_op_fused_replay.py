@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import zephon as zp
+from zephon.operators import fused
 from zephon.operators.fused import TokenizeSplitPack, _Doc
 from zephon.operators.tokenize import Tokenize
 from zephon.testing import assert_same_batches, roundtrip, take
@@ -101,10 +102,21 @@ CONFIGS = {
 }
 
 
+@pytest.fixture(params=["C", "Python"])
+def drop_phase(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The replay's drop phase in C (``zephon._pack``), or its pure-Python twin."""
+    if request.param == "C":
+        if fused._NATIVE is None:
+            pytest.skip("zephon._pack is not built (or ZEPHON_PURE_PYTHON=1)")
+    else:
+        monkeypatch.setattr(fused, "_NATIVE", None)
+    return str(request.param)
+
+
 @pytest.mark.parametrize("config", list(CONFIGS))
 @pytest.mark.parametrize("step", [1, 4, 11, 26])
 def test_replay_by_length_equals_the_full_replay_and_the_uninterrupted_run(
-    monkeypatch: pytest.MonkeyPatch, config: str, step: int
+    monkeypatch: pytest.MonkeyPatch, config: str, step: int, drop_phase: str
 ) -> None:
     def build() -> zp.Pipeline:
         return _build(**CONFIGS[config])
@@ -121,7 +133,7 @@ def test_replay_by_length_equals_the_full_replay_and_the_uninterrupted_run(
     assert fast_after == full_after
 
 
-def test_dropped_bins_are_never_tokenized(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_dropped_bins_are_never_tokenized(monkeypatch: pytest.MonkeyPatch, drop_phase: str) -> None:
     counted: dict[bool, int] = {}
     for forward in (True, False):
         tok = CountingByteTokenizer()
@@ -148,3 +160,34 @@ def test_a_tokenizer_whose_count_disagrees_with_encode_is_named() -> None:
     with pytest.raises(ValueError, match=r"ByteTokenizer.count_tokens said 5 tokens but encode"):
         _Doc("abc", tok, 5).tokens()
     assert list(_Doc("abc", tok, 4)[0]) == [100, 101, 102, 1]
+
+
+def test_the_c_drop_phase_rejects_what_it_cannot_place() -> None:
+    if fused._NATIVE is None:
+        pytest.skip("zephon._pack is not built (or ZEPHON_PURE_PYTHON=1)")
+    from zephon.records import Contributor
+
+    drop = fused._NATIVE.drop_until_target
+    with pytest.raises(ValueError, match="a token count is negative"):
+        drop([[], []], [0, 0], 8, 8, [(0, 0)], [0], ["x"], [-1], (0, 0, 0), Contributor, [])
+    with pytest.raises(ValueError, match="need 1 <= max_len <= cap"):
+        drop([[]], [0], 8, 9, [], [], [], [], (0, 0, 0), Contributor, [])
+    with pytest.raises(ValueError, match="differ in length"):
+        drop([[]], [0], 8, 8, [(0, 0)], [], ["x"], [1], (0, 0, 0), Contributor, [])
+    # A bin of 3 tokens and one of 2; a 4-token piece fits nowhere in cap 4: the fullest bin
+    # (a real piece and a bare one) is dropped, the piece lands there and fills it: dropped
+    # too, and it starts with the target.
+    real = ([Contributor(7, 0, 0, True)], {0: 1}, None, 1)
+    held = [[real, ((7, 1), 0, True, 0, 2, 0, "ab", 2)], [((7, 2), 1, True, 2, 4, 0, "cdef", 4)]]
+    fill, dropped = [3, 2], []
+    k, child, drops, found = drop(
+        held, fill, 4, 4, [(8, 0)], [1], ["wxyz"], [4], (8, 0, 0), Contributor, dropped
+    )
+    assert (k, child, drops) == (1, 0, 1) and found == (8, 0, 0, True)
+    assert dropped == [(7, 0, 0, True), (7, 1, 0, True), (8, 0, 0, True)]
+    assert all(type(c) is Contributor for c in dropped)
+    assert held == [[], [((7, 2), 1, True, 2, 4, 0, "cdef", 4)]] and fill == [0, 2]
+    # The target is the first piece of a split sample: the rest of it is left to Python.
+    held, fill, dropped = [[], []], [0, 0], []
+    got = drop(held, fill, 4, 4, [(8, 3)], [0], ["x" * 10], [10], (8, 3, 0), Contributor, dropped)
+    assert got == (0, 1, 0, (8, 3, 0, False)) and held == [[], []] and fill == [0, 0]
