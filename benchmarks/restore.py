@@ -7,10 +7,11 @@ included), against a fresh start to its first batch; checkpoint bytes (Zephon: t
 row). Then Zephon's checkpoint bytes per lane and latency for canonical_replicas 1, 8, 64.
 
 Each loader is checkpointed once per step; then, in every repetition, the fresh starts and
-restores of all loaders run one after another, in an order rotated between repetitions, so
-machine noise lands on all of them alike. Times are medians with their min-max range (5
-repetitions, 3 for workers=2, which starts processes); restore/fresh is the ratio of the
-medians. ``exact``: in every repetition, the first batch after the restore equals the batch
+restores of all loaders at all steps run one after another, in an order rotated between
+repetitions, so machine noise lands on all of them alike. Times are medians with their
+min-max range (15 repetitions for Zephon in process, 5 for Grain, 3 for workers=2, which
+starts processes); restore/fresh is the ratio of the medians, ``vs step 10`` that of a
+restore to the same loader's restore at step 10. ``exact``: in every repetition, the first batch after the restore equals the batch
 the checkpointed loader produced next.
 
     python -m benchmarks.restore [--quick] [--repeats N] [--no-grain] [--results DIR]
@@ -92,7 +93,7 @@ class ZephonRestore:
             }
 
 
-def loaders(docs: list[str], step: int, with_grain: bool) -> dict[str, Restorable]:
+def loaders(docs: Sequence[str], step: int, with_grain: bool) -> dict[str, Restorable]:
     out: dict[str, Restorable] = {
         "zephon workers=0": ZephonRestore(docs, step, 0),
         "zephon workers=2": ZephonRestore(docs, step, 2),
@@ -144,29 +145,44 @@ def restore_row(
 
 
 def repetitions(subject: Restorable, repeats: int | None, quick: bool) -> int:
-    """``repeats`` if given, else 1 with ``quick``, else 5 (3 where each run starts worker
-    processes)."""
+    """``repeats`` if given, else 1 with ``quick``, else 15 for Zephon in process and 5 for
+    Grain (milliseconds each), 3 where each run starts worker processes."""
     if repeats is not None:
         return repeats
     if quick:
         return 1
-    return 3 if isinstance(subject, ZephonRestore) and subject.workers > 0 else 5
+    if isinstance(subject, ZephonRestore):
+        return 3 if subject.workers > 0 else 15
+    return 5
 
 
-def step_rows(
-    docs: list[str], step: int, with_grain: bool, repeats: int | None, quick: bool
+def all_rows(
+    docs: Sequence[str], steps: Sequence[int], with_grain: bool, repeats: int | None, quick: bool
 ) -> list[dict[str, Any]]:
-    subjects = loaders(docs, step, with_grain)
-    counts = {name: repetitions(subject, repeats, quick) for name, subject in subjects.items()}
+    """One row per loader and step. The loaders of every step run interleaved in one set of
+    rounds, so the ratio of a restore at a late step to one at ``steps[0]`` (``vs step``)
+    compares times taken side by side, not minutes apart."""
+    subjects = {
+        f"{name} @ {step}": (name, step, subject)
+        for step in steps
+        for name, subject in loaders(docs, step, with_grain).items()
+    }
+    counts = {key: repetitions(s, repeats, quick) for key, (_, _, s) in subjects.items()}
+    runs = timed_runs({key: s for key, (_, _, s) in subjects.items()}, counts)
     rows = []
-    for name, (fresh, restores) in timed_runs(subjects, counts).items():
-        subject = subjects[name]
+    first: dict[str, float] = {}  # each loader's median restore at steps[0]
+    for key, (name, step, subject) in subjects.items():
+        fresh, restores = runs[key]
         lanes = subject.lanes if isinstance(subject, ZephonRestore) else None
-        rows.append(restore_row(name, step, subject, fresh, restores, lanes))
+        row = restore_row(name, step, subject, fresh, restores, lanes)
+        median = summarize([r["restore_s"] for r in restores])["median"]
+        first.setdefault(name, median)
+        row[f"vs step {steps[0]}"] = round(median / first[name], 2)
+        rows.append(row)
     return rows
 
 
-def lanes_sweep(docs: list[str], step: int) -> list[dict[str, Any]]:
+def lanes_sweep(docs: Sequence[str], step: int) -> list[dict[str, Any]]:
     rows = []
     for lanes in (1, 8, 64):
         with zephon_lm_pipeline(docs, 0, 0, lanes=lanes) as p:
@@ -208,9 +224,7 @@ def main(argv: list[str] | None = None) -> int:
             import grain  # noqa: F401
         except ImportError:
             with_grain = False
-    rows = []
-    for step in steps:
-        rows.extend(step_rows(docs, step, with_grain, args.repeats, args.quick))
+    rows = all_rows(docs, steps, with_grain, args.repeats, args.quick)
     print_table(
         rows,
         list(rows[0]),

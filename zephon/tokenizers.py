@@ -75,6 +75,11 @@ class ByteTokenizer:
         """``len(self.encode(t))`` for each text, without encoding (an ASCII str's length is
         its byte count)."""
         eos = 1 if self.add_eos else 0
+        try:
+            if all(map(str.isascii, texts)):  # plain ASCII strings, the common case
+                return [n + eos for n in map(len, texts)]
+        except TypeError:
+            pass  # not all str
         return [
             (len(t) if t.isascii() else len(t.encode("utf-8"))) + eos
             if type(t) is str

@@ -16,13 +16,17 @@ Offsets close when the number of delivered children reaches the total that
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
+from zephon._native import load
 from zephon.chunks import WorkChunk
 from zephon.errors import CheckpointError
 from zephon.records import Contributor, FlushSentinel, SampleCursor
+
+_NATIVE = load("_pack")  # ChunkTrack.add_run in C, for chunks of up to 64 samples
 
 MONOTONE = "monotone"
 EPOCH = "epoch"
@@ -46,10 +50,15 @@ class ChunkTrack:
     def add_run(self, pieces: Sequence[Contributor], i: int) -> int:
         """Counts ``pieces[i]``, ``pieces[i + 1]``, ... for as long as they are of this chunk;
         returns the index of the first that is not (or ``len(pieces)``)."""
-        chunk_id, n = self.chunk.chunk_id, len(pieces)
+        chunk_id = self.chunk.chunk_id
         delivered, total = self.delivered, self.total
-        while i < n:
-            piece = pieces[i]
+        if _NATIVE is not None and self.size <= 64 and type(pieces) is list:
+            i, self.bitmap, closed = _NATIVE.close_run(
+                delivered, total, self.bitmap, chunk_id, pieces, i
+            )
+            self.closed += closed
+            return i  # type: ignore[no-any-return]
+        for piece in itertools.islice(pieces, i, None):
             if piece[0] != chunk_id:
                 break
             offset = piece[1]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from zephon import tracking
 from zephon.chunks import WorkChunk
 from zephon.records import Contributor, FlushSentinel, SampleCursor
 from zephon.tracking import EPOCH, MONOTONE, ChunkTrack, LaneTracker
@@ -49,7 +50,18 @@ def close_chunk(t: LaneTracker, chunk_id: int, offsets=range(4)) -> None:
     t.deliver([Contributor(chunk_id, o, 0, True) for o in offsets], None)
 
 
-def test_bitmap_and_popcount_close_offsets_by_children_in_any_order():
+@pytest.fixture(params=["C", "Python"])
+def add_run_in(request, monkeypatch):
+    """ChunkTrack.add_run in C (``zephon._pack.close_run``) or in pure Python."""
+    if request.param == "C":
+        if tracking._NATIVE is None:
+            pytest.skip("zephon._pack is not built (or ZEPHON_PURE_PYTHON=1)")
+    else:
+        monkeypatch.setattr(tracking, "_NATIVE", None)
+    return request.param
+
+
+def test_bitmap_and_popcount_close_offsets_by_children_in_any_order(add_run_in):
     track = ChunkTrack(WorkChunk(0, 5, np.zeros(4, np.int32), np.arange(4, dtype=np.int64), 0))
     assert track.add_run([Contributor(5, 2, 1, True)], 0) == 1  # last child first: total 2
     assert track.closed == 0
@@ -154,3 +166,20 @@ def test_unknown_chunk_in_delivery_is_reported():
     pull_chunks(t, 1)
     with pytest.raises(RuntimeError, match="chunk 9, which is not in flight"):
         t.deliver([Contributor(9, 0, 0, True)], None)
+
+
+def test_add_run_counts_many_pieces_in_c_and_python_alike(monkeypatch):
+    chunk = WorkChunk(0, 3, np.zeros(64, np.int32), np.arange(64, dtype=np.int64), 0)
+    rng = np.random.default_rng(0)
+    pieces = [Contributor(3, int(o), c, c == 2) for o in rng.permutation(64) for c in (2, 0, 1)]
+    pieces = [pieces[i] for i in rng.permutation(len(pieces))] + [Contributor(4, 0, 0, True)]
+    seen = []
+    for native in (tracking._NATIVE, None):
+        if native is None and tracking._NATIVE is None:
+            pytest.skip("zephon._pack is not built (or ZEPHON_PURE_PYTHON=1)")
+        monkeypatch.setattr(tracking, "_NATIVE", native)
+        track = ChunkTrack(chunk)
+        assert track.add_run(pieces[:100], 0) == 100
+        assert track.add_run(pieces, 100) == len(pieces) - 1  # stops at chunk 4
+        seen.append((track.bitmap, track.closed, track.delivered, track.total))
+    assert seen[0] == seen[1] and seen[0][0] == 2**64 - 1 and seen[0][1] == 64
