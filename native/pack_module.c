@@ -280,15 +280,19 @@ static PyObject *py_close_run(PyObject *Py_UNUSED(self), PyObject *args) {
     }
     long closed = 0;
     for (; i < n; i++) {
-        PyObject *p = PyList_GET_ITEM(pieces, i);
-        if (!PyTuple_Check(p) || PyTuple_GET_SIZE(p) != 4) {
+        PyObject *p = PyList_GET_ITEM(pieces, i), **f;
+        if (PyTuple_Check(p) && PyTuple_GET_SIZE(p) == 4) { /* a Contributor */
+            f = &PyTuple_GET_ITEM(p, 0);
+        } else if (PyList_Check(p) && PyList_GET_SIZE(p) == 4) { /* a row from a worker */
+            f = PySequence_Fast_ITEMS(p);
+        } else {
             PyErr_SetString(PyExc_TypeError, "a piece is not (chunk_id, offset, child, last)");
             return NULL;
         }
-        long cid = PyLong_AsLong(PyTuple_GET_ITEM(p, 0));
-        long offset = PyLong_AsLong(PyTuple_GET_ITEM(p, 1));
-        long child = PyLong_AsLong(PyTuple_GET_ITEM(p, 2));
-        int last = PyObject_IsTrue(PyTuple_GET_ITEM(p, 3));
+        long cid = PyLong_AsLong(f[0]);
+        long offset = PyLong_AsLong(f[1]);
+        long child = PyLong_AsLong(f[2]);
+        int last = PyObject_IsTrue(f[3]);
         if (PyErr_Occurred() || last < 0) {
             return NULL;
         }

@@ -173,6 +173,7 @@ def test_add_run_counts_many_pieces_in_c_and_python_alike(monkeypatch):
     rng = np.random.default_rng(0)
     pieces = [Contributor(3, int(o), c, c == 2) for o in rng.permutation(64) for c in (2, 0, 1)]
     pieces = [pieces[i] for i in rng.permutation(len(pieces))] + [Contributor(4, 0, 0, True)]
+    pieces = [list(p) if k % 3 else p for k, p in enumerate(pieces)]  # rows, as from workers
     seen = []
     for native in (tracking._NATIVE, None):
         if native is None and tracking._NATIVE is None:
