@@ -9,7 +9,7 @@ row). Then Zephon's checkpoint bytes per lane and latency for canonical_replicas
 Each loader is checkpointed once per step; then, in every repetition, the fresh starts and
 restores of all loaders at all steps run one after another, in an order rotated between
 repetitions, so machine noise lands on all of them alike. Times are medians with their
-min-max range (15 repetitions for Zephon in process, 5 for Grain, 3 for workers=2, which
+min-max range (41 repetitions for Zephon in process, 15 for Grain, 3 for workers=2, which
 starts processes); restore/fresh is the ratio of the medians, ``vs step 10`` that of a
 restore to the same loader's restore at step 10. ``exact``: in every repetition, the first batch after the restore equals the batch
 the checkpointed loader produced next.
@@ -145,15 +145,16 @@ def restore_row(
 
 
 def repetitions(subject: Restorable, repeats: int | None, quick: bool) -> int:
-    """``repeats`` if given, else 1 with ``quick``, else 15 for Zephon in process and 5 for
-    Grain (milliseconds each), 3 where each run starts worker processes."""
+    """``repeats`` if given, else 1 with ``quick``, else 41 for Zephon in process and 15 for
+    Grain (milliseconds each, on a noisy machine), 3 where each run starts worker
+    processes."""
     if repeats is not None:
         return repeats
     if quick:
         return 1
     if isinstance(subject, ZephonRestore):
-        return 3 if subject.workers > 0 else 15
-    return 5
+        return 3 if subject.workers > 0 else 41
+    return 15
 
 
 def all_rows(

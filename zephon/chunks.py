@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -77,8 +78,12 @@ class WorkChunk:
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> WorkChunk:
-        comps = np.frombuffer(state["components"], dtype="<i4").astype(np.int32)
-        idx = np.frombuffer(state["indices"], dtype="<i8").astype(np.int64)
+        """The chunk :meth:`to_state` gave; its arrays are read-only views of the state's
+        bytes where the machine is little-endian (a restore decodes every in-flight chunk)."""
+        comps = np.frombuffer(state["components"], dtype="<i4")
+        idx = np.frombuffer(state["indices"], dtype="<i8")
+        if sys.byteorder != "little":
+            comps, idx = comps.astype(np.int32), idx.astype(np.int64)
         return cls(int(state["lane"]), int(state["chunk_id"]), comps, idx, int(state["seed"]))
 
     def __eq__(self, other: object) -> bool:
