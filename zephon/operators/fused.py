@@ -293,21 +293,20 @@ class TokenizeSplitPack(Operator):
         dropped: list[Contributor] = []  # one tombstone for all the bins dropped here
         new = tuple.__new__
         self._bare.add(lane)
-
         target = targets[lane][1:]  # (chunk_id, offset, child) of the last delivered record
-        drops = 0
+        drops = 0  # bins dropped that were not the target
 
         def emit(b: int) -> None:
             nonlocal drops
-            pieces = held[b]
+            emptied = held[b]
             if lane not in targets:  # found: from here on, what pack would emit
-                held[b] = _real(pieces, tok, {})
+                held[b] = _real(emptied, tok, {})
                 out.append(pack.emit(lane, bins, b))
                 return
             held[b] = []
             fill[b] = 0
             i = len(dropped)
-            for p in pieces:
+            for p in emptied:
                 if len(p) == 4:
                     dropped.extend(p[0])
                 else:
