@@ -69,14 +69,19 @@ class _Doc:
 
     def tokens(self) -> np.ndarray:
         if self.ids is None:
-            ids = np.asarray(self.tokenize.tokenizer.encode(self.text), _INT32)
-            if ids.ndim != 1 or len(ids) != self.count:
-                raise ValueError(
-                    f"{type(self.tokenize.tokenizer).__name__}.count_tokens said {self.count} "
-                    f"tokens but encode returned shape {ids.shape}; they must agree"
-                )
-            self.ids = ids
+            self.accept(self.tokenize.tokenizer.encode(self.text))
+            assert self.ids is not None
         return self.ids
+
+    def accept(self, ids: Any) -> None:
+        """Takes ``ids`` (the tokenizer's for ``text``) as this sample's tokens."""
+        ids = np.asarray(ids, _INT32)
+        if ids.ndim != 1 or len(ids) != self.count:
+            raise ValueError(
+                f"{type(self.tokenize.tokenizer).__name__}.count_tokens said {self.count} "
+                f"tokens but encode returned shape {ids.shape}; they must agree"
+            )
+        self.ids = ids
 
     def __len__(self) -> int:
         return 1
@@ -167,13 +172,13 @@ class TokenizeSplitPack(Operator):
     def process(self, record: Record) -> Iterable[Output]:
         return self.process_batch([record])
 
-    def realize(self, lane: int) -> None:
+    def realize(self, lane: int, docs: dict[tuple[int, int], _Doc] | None = None) -> None:
         """Turns the bare pieces in ``lane``'s bins into real ones (pack's own code may then
-        touch them)."""
+        touch them); ``docs`` collects their samples (pieces of one sample share one)."""
         if lane in self._bare:
             self._bare.discard(lane)
             bins = self.pack.bins(lane)
-            docs: dict[tuple[int, int], _Doc] = {}  # pieces of one sample share its tokens
+            docs = {} if docs is None else docs
             held = bins.pieces  # changed in place: forward() holds on to it
             for b, pieces in enumerate(held):
                 held[b] = _real(pieces, self.tokenize, docs)
@@ -296,11 +301,15 @@ class TokenizeSplitPack(Operator):
         target = targets[lane][1:]  # (chunk_id, offset, child) of the last delivered record
         drops = 0  # bins dropped that were not the target
 
+        # The samples of the pieces made real once the target is found: every bin from then
+        # on is delivered, so they are tokenized together before this returns.
+        made: dict[tuple[int, int], _Doc] = {}
+
         def emit(b: int) -> None:
             nonlocal drops
             emptied = held[b]
             if lane not in targets:  # found: from here on, what pack would emit
-                held[b] = _real(emptied, tok, {})
+                held[b] = _real(emptied, tok, made)
                 out.append(pack.emit(lane, bins, b))
                 return
             held[b] = []
@@ -316,7 +325,7 @@ class TokenizeSplitPack(Operator):
                 drops += 1  # what the filter does with a record that is not its target
             else:
                 screen.drop(lane, c)  # the target: the filter lets go of the lane
-                self.realize(lane)
+                self.realize(lane, made)
 
         k0 = child0 = 0  # the first piece the loop below places
         if _NATIVE is not None and len(held) <= _NATIVE_MAX_BINS:
@@ -328,7 +337,7 @@ class TokenizeSplitPack(Operator):
             drops += n
             if found is not None:
                 screen.drop(lane, found)  # the target: the filter lets go of the lane
-                self.realize(lane)
+                self.realize(lane, made)
         for k in range(k0, len(counts)):
             key, comp, text, n = keys[k], components[k], texts[k], counts[k]
             pieces: Sequence[tuple[int, bool, int, int]]
@@ -351,7 +360,12 @@ class TokenizeSplitPack(Operator):
         n_pieces = len(counts) + sum((n - 1) // max_len for n in counts if n > max_len)
         self._bare.add(lane)  # again: pieces placed after the target was found are bare
         if lane not in targets:
-            self.realize(lane)
+            self.realize(lane, made)
+            waiting = [doc for doc in made.values() if doc.ids is None]
+            if waiting:
+                encoded = tok.encode_texts([doc.text for doc in waiting])
+                for doc, ids in zip(waiting, encoded, strict=True):
+                    doc.accept(ids)
         if dropped:
             out.append(Tombstone(lane, dropped))
         t2 = time.perf_counter()
