@@ -345,4 +345,11 @@ static struct PyModuleDef module = {
     NULL,
 };
 
-PyMODINIT_FUNC PyInit__pack(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__pack(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddIntConstant(m, "MAX_BINS", MAX_BINS) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -111,7 +111,6 @@ class _Span:
 
 
 _NATIVE = load("_pack")  # TokenizeSplitPack.forward's drop phase in C
-_NATIVE_MAX_BINS = 4096
 
 
 def _cuts(n: int, max_len: int) -> list[tuple[int, bool, int, int]]:
@@ -210,7 +209,6 @@ class TokenizeSplitPack(Operator):
         for lane in {r.lane for r in records} & self._bare:
             self.realize(lane)
         tok, split, pack = self.tokenize, self.split, self.pack
-        st_tok, st_split, st_pack = self.stats
         t0 = time.perf_counter()
         texts = tok.texts([r.data for r in records])
         encoded = tok.encode_texts(texts)
@@ -248,15 +246,7 @@ class TokenizeSplitPack(Operator):
         t2 = time.perf_counter()
         out = pack.place_runs(lanes, pieces)
         total = len(pieces)
-        t3 = time.perf_counter()
-        for st, n_in, n_out, seconds in (
-            (st_tok, len(records), len(records), t1 - t0),
-            (st_split, len(records), total, t2 - t1),
-            (st_pack, total, len(out), t3 - t2),
-        ):
-            st.records_in += n_in
-            st.records_out += n_out
-            st.seconds += seconds
+        self._tally(len(records), total, len(out), (t0, t1, t2, time.perf_counter()))
         return out
 
     def forward(
@@ -276,7 +266,6 @@ class TokenizeSplitPack(Operator):
         """
         assert self._count is not None and self.pack.screen is not None
         tok, pack, screen = self.tokenize, self.pack, self.pack.screen
-        st_tok, st_split, st_pack = self.stats
         t0 = time.perf_counter()
         texts = tok.texts(samples)
         counts = self._count(texts)
@@ -328,7 +317,7 @@ class TokenizeSplitPack(Operator):
                 self.realize(lane, made)
 
         k0 = child0 = 0  # the first piece the loop below places
-        if _NATIVE is not None and len(held) <= _NATIVE_MAX_BINS:
+        if _NATIVE is not None and len(held) <= _NATIVE.MAX_BINS:
             # The same loop in C, for as long as every bin it empties is dropped.
             k0, child0, n, found = _NATIVE.drop_until_target(
                 held, fill, cap, max_len, list(keys), components, texts, counts,
@@ -368,16 +357,24 @@ class TokenizeSplitPack(Operator):
                     doc.accept(ids)
         if dropped:
             out.append(Tombstone(lane, dropped))
-        t2 = time.perf_counter()
-        for st, n_in, n_out, seconds in (
-            (st_tok, len(texts), len(texts), t1 - t0),
-            (st_split, len(texts), n_pieces, 0.0),
-            (st_pack, n_pieces, len(out), t2 - t1),
+        self._tally(len(texts), n_pieces, len(out), (t0, t1, t1, time.perf_counter()))
+        return out
+
+    def _tally(self, samples: int, pieces: int, outputs: int, times: tuple[float, ...]) -> None:
+        """Counts a run into the three operators' stats: ``samples`` tokenized and split into
+        ``pieces``, which pack turned into ``outputs``; ``times`` are the four moments that
+        bound tokenize, split and pack."""
+        t0, t1, t2, t3 = times
+        for st, n_in, n_out, seconds in zip(
+            self.stats,
+            (samples, samples, pieces),
+            (samples, pieces, outputs),
+            (t1 - t0, t2 - t1, t3 - t2),
+            strict=True,
         ):
             st.records_in += n_in
             st.records_out += n_out
             st.seconds += seconds
-        return out
 
     def _slow(
         self, record: Record, ids: np.ndarray, component: int, pieces: list[Piece], lanes: list[int]
