@@ -34,6 +34,10 @@ _DONE = object()
 _POLL_S = 0.1
 
 
+def _nothing(lane: int) -> list[Any]:
+    return []
+
+
 class _Failure:
     __slots__ = ("error",)
 
@@ -57,7 +61,8 @@ class LocalExecutor:
         assert isinstance(filt, ReplayFilter)
         self.replay_filter = filt
         self.ready: dict[int, deque[LaneOutput]] = {}
-        self.pull: Callable[[int], list[Any]] = lambda lane: []
+        self.producing: set[int] = set()  # lanes that have had an output
+        self.pull: Callable[[int], list[Any]] = _nothing
 
     def start(self, engine: Engine) -> None:
         self.pull = engine.pull
@@ -67,12 +72,22 @@ class LocalExecutor:
 
     def next_output(self, lane: int) -> LaneOutput:
         ready = self.ready.setdefault(lane, deque())
+        runner = self.runner
         while not ready:
-            feed = self.pull(lane)
-            if not feed:
-                raise RuntimeError(f"lane {lane} was pulled after its end; this is a Zephon bug")
-            for out in self.runner.feed(feed):
+            if runner.suspended(lane):
+                outs = runner.resume(lane)
+            else:
+                feed = self.pull(lane)
+                if not feed:
+                    raise RuntimeError(
+                        f"lane {lane} was pulled after its end; this is a Zephon bug"
+                    )
+                # Until the lane's first output, the runner stops as soon as it has one.
+                outs = runner.feed(feed, first=lane not in self.producing)
+            for out in outs:
                 self.ready.setdefault(out.lane, deque()).append(out)
+                if out.record is not None:
+                    self.producing.add(out.lane)
         return ready.popleft()
 
     def op_stats(self) -> list[dict[str, Any]]:
@@ -92,6 +107,7 @@ class LocalExecutor:
     def close(self) -> None:
         if self.pool is not None:
             self.pool.shutdown(wait=False, cancel_futures=True)
+        self.pull = _nothing  # the engine's method: a reference cycle, left to the GC
 
 
 def _materialize(item: Any) -> None:
@@ -325,3 +341,6 @@ class Engine:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
         self.executor.close()
+        # The producer's frame holds this engine: dropping it leaves no reference cycle, so
+        # a closed pipeline is freed at once instead of by a later (costly) GC pass.
+        self._gen = None

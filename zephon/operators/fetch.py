@@ -52,12 +52,20 @@ class Fetch(Operator):
     def expand_chunk(self, chunk: WorkChunk) -> list[Record]:
         """The chunk's records with their samples already read: what ``process_batch``
         returns for ``expand(chunk)``, without building pointer records first."""
-        lane, cid = chunk.lane, chunk.chunk_id
         comps, samples = self.read_chunk(chunk)
+        return self.records(chunk, comps, samples)
+
+    @staticmethod
+    def records(
+        chunk: WorkChunk, comps: list[int], samples: list[Any], first: int = 0
+    ) -> list[Record]:
+        """The records of ``chunk``'s offsets from ``first`` on, given what
+        :meth:`read_chunk` returned for it."""
+        lane, cid = chunk.lane, chunk.chunk_id
         new = tuple.__new__
         return [
-            Record(sample, lane, [new(Contributor, (cid, off, 0, True))], {c: 1})
-            for off, (c, sample) in enumerate(zip(comps, samples, strict=True))
+            Record(samples[off], lane, [new(Contributor, (cid, off, 0, True))], {comps[off]: 1})
+            for off in range(first, len(samples))
         ]
 
     def read_chunk(self, chunk: WorkChunk) -> tuple[list[int], list[Any]]:

@@ -205,7 +205,7 @@ class TokenizeSplitPack(Operator):
                 [r.contributors[0][:2] for r in records],
                 [next(iter(r.mix)) for r in records],
                 [r.data for r in records],
-            )
+            )[0]
         for lane in {r.lane for r in records} & self._bare:
             self.realize(lane)
         tok, split, pack = self.tokenize, self.split, self.pack
@@ -255,9 +255,12 @@ class TokenizeSplitPack(Operator):
         keys: Sequence[tuple[int, int]],
         components: list[int],
         samples: list[Any],
-    ) -> list[Output]:
+        to_target: bool = False,
+    ) -> tuple[list[Output], int]:
         """What :meth:`process_batch` returns for whole samples of ``lane`` while it replays
-        (:meth:`forwards`), placed by their token counts alone. Sample ``k`` is offset
+        (:meth:`forwards`), placed by their token counts alone, and how many samples that
+        took: all of them, or with ``to_target`` those up to the one in which the replay target
+        was found (the rest are then for :meth:`process_batch`). Sample ``k`` is offset
         ``keys[k][1]`` of chunk ``keys[k][0]``, of component ``components[k]``.
 
         A piece waits in its bin as a bare tuple (see :func:`_real`). The bins the replay
@@ -327,7 +330,11 @@ class TokenizeSplitPack(Operator):
             if found is not None:
                 screen.drop(lane, found)  # the target: the filter lets go of the lane
                 self.realize(lane, made)
+        done = len(counts)
         for k in range(k0, len(counts)):
+            if to_target and lane not in targets and (k > k0 or not child0):
+                done = k  # found, and sample k - 1 is placed whole
+                break
             key, comp, text, n = keys[k], components[k], texts[k], counts[k]
             pieces: Sequence[tuple[int, bool, int, int]]
             pieces = ((0, True, 0, n),) if n <= max_len else _cuts(n, max_len)
@@ -346,7 +353,7 @@ class TokenizeSplitPack(Operator):
                 if fill[b] == cap:
                     emit(b)
         screen.dropped += drops
-        n_pieces = len(counts) + sum((n - 1) // max_len for n in counts if n > max_len)
+        n_pieces = done + sum((n - 1) // max_len for n in counts[:done] if n > max_len)
         self._bare.add(lane)  # again: pieces placed after the target was found are bare
         if lane not in targets:
             self.realize(lane, made)
@@ -357,8 +364,8 @@ class TokenizeSplitPack(Operator):
                     doc.accept(ids)
         if dropped:
             out.append(Tombstone(lane, dropped))
-        self._tally(len(texts), n_pieces, len(out), (t0, t1, t1, time.perf_counter()))
-        return out
+        self._tally(done, n_pieces, len(out), (t0, t1, t1, time.perf_counter()))
+        return out, done
 
     def _tally(self, samples: int, pieces: int, outputs: int, times: tuple[float, ...]) -> None:
         """Counts a run into the three operators' stats: ``samples`` tokenized and split into

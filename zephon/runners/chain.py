@@ -59,6 +59,11 @@ def expand(chunk: WorkChunk) -> list[Record]:
 
 _T = TypeVar("_T")
 
+#: How many samples :meth:`ChainRunner.feed` runs first while a lane's first output is
+#: awaited (about the pieces of a few packed rows); each further step runs twice as many.
+FIRST_STEP = 8
+_UNREAD = -1  # a feed segment that is a chunk still to read
+
 #: Run ``tokenize -> split -> pack`` as one stage where the chain has it (see
 #: :mod:`zephon.operators.fused`); tests turn it off to compare the two paths.
 FUSE = True
@@ -70,6 +75,7 @@ class ChainRunner:
         self.pool = pool
         self.stats = [OpStats() for _ in self.ops]
         self._tombs: dict[int, list[Contributor]] = {}
+        self._rest: dict[int, list[tuple[int, list[Any]]]] = {}  # see feed(first=True)
         # What _push runs: the operators, with fusable runs replaced by their fused stage
         # (which keeps the three operators' own counters; the step's are unused).
         self._steps: list[tuple[Operator, OpStats]] = []
@@ -98,27 +104,66 @@ class ChainRunner:
         second = self._steps[1][0] if self._fetch is not None and len(self._steps) > 1 else None
         self._forward = second if isinstance(second, TokenizeSplitPack) else None
 
-    def feed(self, items: Sequence[WorkChunk | FlushSentinel]) -> list[LaneOutput]:
+    def feed(
+        self, items: Sequence[WorkChunk | FlushSentinel], first: bool = False
+    ) -> list[LaneOutput]:
+        """Runs a feed unit of one lane through the chain; the lane's outputs.
+
+        With ``first`` (the lane has not produced an output since a start or restore), the
+        unit's samples go through in growing steps (see :data:`FIRST_STEP`) and the call
+        returns as soon as an output is ready: the first batch waits for the samples it needs, not for the
+        whole chunk. The rest waits in the runner; :meth:`resume` runs it (before the lane's
+        next unit). Operators see the same records in the same order either way.
+        """
+        start = 0 if self._fetch is None else 1
+        segments: list[tuple[int, list[Any]]] = []
         layer: list[Any] = []
-        produced: list[Any] = []
-        fetch, forward = self._fetch, self._forward
-        start = 0 if fetch is None else 1
         for it in items:
             if not isinstance(it, WorkChunk):
                 layer.append(it)
-            elif fetch is None:
+            elif self._fetch is None:
                 layer.extend(expand(it))
-            elif forward is not None and forward.forwards(it.lane):
-                produced.extend(self._push(layer, start))  # what came before goes first
-                layer = []
-                comps, samples = self._timed_fetch(fetch, it, fetch.read_chunk)
-                keys = [(it.chunk_id, off) for off in range(len(comps))]
-                pieces = forward.forward(it.lane, keys, comps, samples)
-                produced.extend(self._push(pieces, start + 1))
-            else:
-                layer.extend(self._timed_fetch(fetch, it, fetch.expand_chunk))
-        final_lanes = [it.lane for it in items if isinstance(it, FlushSentinel) and it.final]
-        produced.extend(self._push(layer, start))
+            else:  # read when the segments before it have run (see _read)
+                if layer:
+                    segments.append((start, layer))
+                    layer = []
+                segments.append((_UNREAD, [it]))
+        if layer:
+            segments.append((start, layer))
+        return self._drive(segments, first)
+
+    def suspended(self, lane: int) -> bool:
+        """Whether a :meth:`feed` with ``first`` left part of ``lane``'s unit to run."""
+        return lane in self._rest
+
+    def resume(self, lane: int) -> list[LaneOutput]:
+        """Runs what a :meth:`feed` with ``first`` left of ``lane``'s unit, all of it."""
+        return self._drive(self._rest.pop(lane), False)
+
+    def _drive(self, segments: list[tuple[int, list[Any]]], first: bool) -> list[LaneOutput]:
+        """Pushes ``segments`` (``(stage, items)``, in order) through the chain; with
+        ``first``, stops once a record has come out and keeps the rest in ``_rest``."""
+        start = 0 if self._fetch is None else 1
+        produced: list[Any] = []
+        final_lanes: list[int] = []
+        step = FIRST_STEP
+        while segments:
+            stage, items = segments.pop(0)
+            if stage == _UNREAD:
+                got = self._read(items[0], first, produced)
+                if got and segments and segments[0][0] == got[-1][0]:  # one push, not two
+                    got[-1] = (got[-1][0], got[-1][1] + segments.pop(0)[1])
+                segments[:0] = got
+                continue
+            if first and stage == start and len(items) > step:
+                segments.insert(0, (stage, items[step:]))
+                items = items[:step]
+                step *= 2  # few calls, should the first output need the whole chunk
+            final_lanes.extend(it.lane for it in items if type(it) is FlushSentinel and it.final)
+            produced.extend(self._push(items, stage))
+            if first and segments and any(type(it) is not Tombstone for it in produced):
+                self._rest[produced[0].lane] = segments
+                break
         out: list[LaneOutput] = []
         for it in produced:
             if type(it) is Tombstone:
@@ -128,6 +173,26 @@ class ChainRunner:
         for lane in final_lanes:
             out.append(LaneOutput(lane, None, self._tombs.pop(lane, []), end=True))
         return out
+
+    def _read(
+        self, chunk: WorkChunk, first: bool, produced: list[Any]
+    ) -> list[tuple[int, list[Any]]]:
+        """Reads ``chunk`` with the leading fetch: the segment of its records. A replaying
+        lane's samples go to the fused stage's :meth:`~TokenizeSplitPack.forward` instead,
+        whose outputs join ``produced``; with ``first`` it returns once the replay target is
+        found, leaving the samples after it as records."""
+        fetch, forward = self._fetch, self._forward
+        assert fetch is not None
+        start = 1
+        if forward is None or not forward.forwards(chunk.lane):
+            return [(start, self._timed_fetch(fetch, chunk, fetch.expand_chunk))]
+        comps, samples = self._timed_fetch(fetch, chunk, fetch.read_chunk)
+        keys = [(chunk.chunk_id, off) for off in range(len(comps))]
+        pieces, done = forward.forward(chunk.lane, keys, comps, samples, to_target=first)
+        produced.extend(self._push(pieces, start + 1))
+        if done == len(samples):
+            return []
+        return [(start, fetch.records(chunk, comps, samples, done))]
 
     def _timed_fetch(self, fetch: Fetch, chunk: WorkChunk, read: Callable[[WorkChunk], _T]) -> _T:
         """``read(chunk)``, counted in fetch's stats."""

@@ -676,10 +676,12 @@ class ProcessExecutor:
                     conns.pop(obj, None)
                     continue
                 if msg["t"] == "need":
-                    assert self._pull is not None
+                    pull = self._pull
+                    if pull is None:
+                        return  # closed
                     lane = msg["lane"]
                     try:
-                        items = encode_feed(self._pull(lane))
+                        items = encode_feed(pull(lane))
                     except BaseException as e:  # noqa: BLE001 - a work-source failure
                         self._fail(e)
                         return
@@ -878,3 +880,4 @@ class ProcessExecutor:
         self._release.set()
         if self._keeper is not None and self._keeper is not me:
             self._keeper.join(timeout=1)
+        self._pull = None  # the engine's method: a reference cycle, left to the GC

@@ -196,3 +196,55 @@ def test_prefetching_pipeline_stacks_ahead_and_matches_an_unprefetched_one() -> 
     with _build(4, 256, 256, 2, 16, prefetch=3) as p:
         ahead = take(p, 40)
     assert all(batches_equal(a, b) for a, b in zip(plain, ahead, strict=True))
+
+
+def _lane_units(pipe: zp.Pipeline, lane: int, n: int) -> tuple[list[Any], list[list[Any]]]:
+    """Fresh copies of ``pipe``'s compiled operators and ``lane``'s first ``n`` feed units."""
+    plan = pipe._compiled()
+    src = pipe.source.for_lane(lane, pipe.canonical_replicas)
+    return [op.fresh() for op in plan.ops], [[src.next_chunk()] for _ in range(n)]
+
+
+def _outputs(outs: list[Any]) -> list[tuple[Any, ...]]:
+    return [
+        (o.lane, o.end, o.tombstones, None if o.record is None else o.record.contributors)
+        for o in outs
+    ]
+
+
+def test_a_lane_s_first_feed_stops_at_its_first_output_and_resumes_to_the_same_outputs() -> None:
+    with _build(5, 256, 256, 2, 64) as p:
+        ops, units = _lane_units(p, 0, 3)
+        plain_ops, _ = _lane_units(p, 0, 0)
+    plain = ChainRunner(plain_ops)
+    want = [o for unit in units for o in plain.feed(unit)]
+    runner = ChainRunner(ops)
+    got = runner.feed(units[0], first=True)
+    assert got and got[-1].record is not None  # stopped at the lane's first batch ...
+    assert runner.suspended(0) and not runner.suspended(1)
+    tokenize = runner.stats[1]
+    assert 0 < tokenize.records_in < len(units[0][0])  # ... before the chunk's end
+    got += runner.resume(0)
+    assert not runner.suspended(0)
+    assert tokenize.records_in == len(units[0][0])
+    got += [o for unit in units[1:] for o in runner.feed(unit)]
+    assert _outputs(got) == _outputs(want)
+    assert all(
+        batches_equal(a.record.data, b.record.data)
+        for a, b in zip(got, want, strict=True)
+        if a.record is not None
+    )
+
+
+def test_a_restored_lane_replays_only_up_to_the_samples_of_its_first_batch() -> None:
+    with _build(6, 256, 256, 2, 64) as p:
+        take(p, 25)
+        state = p.checkpoint()
+        expected = take(p, 6)
+    with _build(6, 256, 256, 2, 64) as q:
+        q.restore(state)
+        first = next(q)
+        fetch, tokenize = q.stats()["operators"][:2]
+        # The lane's last chunk was read whole; the samples after the first batch's wait.
+        assert tokenize["records_in"] < fetch["records_in"]
+        assert all(batches_equal(a, b) for a, b in zip(expected, [first, *take(q, 5)], strict=True))

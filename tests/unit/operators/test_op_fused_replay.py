@@ -79,9 +79,9 @@ def _restore(
         if not forward:
             m.setattr(TokenizeSplitPack, "forwards", lambda self, lane: False)
 
-        def spy(self: TokenizeSplitPack, *args: Any) -> Any:
+        def spy(self: TokenizeSplitPack, *args: Any, **kwargs: Any) -> Any:
             calls.append(args[0])
-            return real_forward(self, *args)
+            return real_forward(self, *args, **kwargs)
 
         m.setattr(TokenizeSplitPack, "forward", spy)
         with build() as q:
