@@ -35,22 +35,71 @@ Feed = list[WorkChunk | FlushSentinel]
 
 
 class ChunkTrack:
-    """Completion of one in-flight chunk: a bitmap of closed offsets plus its popcount."""
+    """Completion of one in-flight chunk: a bitmap of closed offsets plus its popcount.
 
-    __slots__ = ("chunk", "size", "delivered", "total", "bitmap", "closed")
+    A restored chunk (:meth:`stored`) keeps its checkpoint form and is decoded when it is
+    first used: a restore then decodes only what the first batches replay.
+    """
 
-    def __init__(self, chunk: WorkChunk) -> None:
-        self.chunk = chunk
-        self.size = len(chunk)
-        self.delivered = [0] * self.size  # children delivered (or tombstoned) per offset
-        self.total = [0] * self.size  # children in all, 0 until the last child is seen
+    __slots__ = ("chunk_id", "size", "delivered", "total", "bitmap", "closed", "_chunk", "_state")
+
+    def __init__(self, chunk: WorkChunk | None, size: int = 0, state: Any = None) -> None:
+        self._chunk = chunk
+        self._state: dict[str, Any] | None = state
+        if chunk is not None:
+            self.chunk_id, size = chunk.chunk_id, len(chunk)
+        else:
+            self.chunk_id = state["chunk_id"]
+        self.size = size
+        self.delivered = [0] * size  # children delivered (or tombstoned) per offset
+        self.total = [0] * size  # children in all, 0 until the last child is seen
         self.bitmap = 0
         self.closed = 0
+
+    @classmethod
+    def stored(cls, state: Any) -> ChunkTrack:
+        """The track of a chunk in its :meth:`WorkChunk.to_state` form, checked now and
+        decoded on first use (a malformed one raises ``TypeError``, ``KeyError`` or
+        ``ValueError``)."""
+        comps, indices = state["components"], state["indices"]
+        if not isinstance(comps, bytes) or not isinstance(indices, bytes):
+            raise TypeError(
+                f"components and indices must be bytes; got {type(comps).__name__} and "
+                f"{type(indices).__name__}"
+            )
+        size = len(comps) // 4
+        if len(comps) != 4 * size or len(indices) != 8 * size:
+            raise ValueError(
+                f"chunk arrays of {len(comps)} and {len(indices)} bytes are not int32 and int64 "
+                "of one length"
+            )
+        plain = {
+            "lane": int(state["lane"]),
+            "chunk_id": int(state["chunk_id"]),
+            "components": comps,
+            "indices": indices,
+            "seed": int(state["seed"]),
+        }
+        return cls(None, size, plain)
+
+    @property
+    def chunk(self) -> WorkChunk:
+        if self._chunk is None:
+            self._chunk = WorkChunk.from_state(self._state)  # type: ignore[arg-type]
+        return self._chunk
+
+    @property
+    def lane(self) -> int:
+        return self._chunk.lane if self._chunk is not None else self._state["lane"]  # type: ignore[index]
+
+    def to_state(self) -> dict[str, Any]:
+        """The chunk's checkpoint form (a restored chunk's is the one it came from)."""
+        return self._state if self._state is not None else self.chunk.to_state()
 
     def add_run(self, pieces: Sequence[Contributor], i: int) -> int:
         """Counts ``pieces[i]``, ``pieces[i + 1]``, ... for as long as they are of this chunk;
         returns the index of the first that is not (or ``len(pieces)``)."""
-        chunk_id = self.chunk.chunk_id
+        chunk_id = self.chunk_id
         delivered, total = self.delivered, self.total
         if _NATIVE is not None and self.size <= 64 and type(pieces) is list:
             i, self.bitmap, closed = _NATIVE.close_run(
@@ -90,7 +139,7 @@ class LaneTracker:
         self.batches = 0  # outputs delivered from this lane
         self.done = False  # the end of the lane's stream was delivered
         self.exhausted = False  # the source said so and the final sentinel went out
-        self.replay: deque[WorkChunk | FlushSentinel] = deque()
+        self.replay: deque[ChunkTrack | FlushSentinel] = deque()  # restored, to replay
         self.evicted = 0
         self.next_chunk_id = 0
 
@@ -99,9 +148,10 @@ class LaneTracker:
         """The next feed unit of the lane: a chunk (maybe followed by a sentinel), the final
         sentinel, or ``[]`` once the lane has nothing more."""
         if self.replay:
-            items: Feed = [self.replay.popleft()]
+            first = self.replay.popleft()
+            items: Feed = [first.chunk if isinstance(first, ChunkTrack) else first]
             if self.replay and isinstance(self.replay[0], FlushSentinel):
-                items.append(self.replay.popleft())
+                items.append(self.replay.popleft())  # type: ignore[arg-type]
             return items
         if self.exhausted:
             return []
@@ -193,7 +243,7 @@ class LaneTracker:
         floor = lo if lo is not None else self.next_chunk_id
         return {
             "lane": self.lane,
-            "inflight": [t.chunk.to_state() for t in self.inflight.values()],
+            "inflight": [t.to_state() for t in self.inflight.values()],
             "boundaries": [b for b in self.boundaries if b > floor or (lo is None and b == floor)],
             "source": self.source.state_dict(),
             "cursor": None if self.cursor is None else list(self.cursor[1:]),
@@ -205,7 +255,7 @@ class LaneTracker:
     def load(self, state: dict[str, Any]) -> int:
         """Restore from :meth:`state`; returns how many chunks phase 1 will replay."""
         try:
-            chunks = [WorkChunk.from_state(c) for c in state["inflight"]]
+            chunks = [ChunkTrack.stored(c) for c in state["inflight"]]
             boundaries = sorted(int(b) for b in state["boundaries"])
             cursor = state["cursor"]
             self.source.load_state_dict(state["source"])
@@ -227,7 +277,7 @@ class LaneTracker:
                 f"lane {self.lane}: replay cursor {tuple(self.cursor)} points outside the in-flight "
                 f"chunks {ids[:1]}..{ids[-1:]}; the checkpoint is inconsistent"
             )
-        self.inflight = {c.chunk_id: ChunkTrack(c) for c in chunks}
+        self.inflight = {c.chunk_id: c for c in chunks}
         self.boundaries = boundaries
         self.next_chunk_id = next_id
         self.replay.clear()

@@ -323,6 +323,27 @@ def test_restore_missing_lanes_and_malformed_states() -> None:
         packed().restore({k: v for k, v in state.items() if k != "round_robin"})
 
 
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        ({"indices": b"\0" * 12}, r"chunk arrays of \d+ and 12 bytes are not int32 and int64"),
+        ({"components": [0, 0]}, r"components and indices must be bytes; got list and bytes"),
+        ({"seed": "x"}, r"invalid literal for int"),
+        ({"lane": 1}, r"in-flight chunks must be this lane's"),
+    ],
+    ids=["lengths", "not bytes", "seed", "lane"],
+)
+def test_restore_checks_every_in_flight_chunk_before_it_returns(change: dict, why: str) -> None:
+    # Restored chunks are decoded only when they are replayed; what is wrong with them is
+    # still an error of restore() itself, naming the lane.
+    state = roundtrip(_checkpoint_after(packed, 3))
+    chunks = state["lanes"][0]["inflight"]
+    assert chunks
+    chunks[-1] = {**chunks[-1], **change}
+    with pytest.raises(CheckpointError, match=rf"lane 0: .*{why}"):
+        packed().restore(state)
+
+
 def test_restore_with_a_cursor_outside_the_inflight_chunks() -> None:
     state = _checkpoint_after(packed, 4)
     lane = state["lanes"][0]
