@@ -353,7 +353,9 @@ class TokenizeSplitPack(Operator):
                 if fill[b] == cap:
                     emit(b)
         screen.dropped += drops
-        n_pieces = done + sum((n - 1) // max_len for n in counts[:done] if n > max_len)
+        n_pieces = done
+        if done and max(counts) > max_len:
+            n_pieces += sum((n - 1) // max_len for n in counts[:done] if n > max_len)
         self._bare.add(lane)  # again: pieces placed after the target was found are bare
         if lane not in targets:
             self.realize(lane, made)

@@ -209,6 +209,8 @@ class ChainRunner:
             return []
         out: list[Any] = []
         for op, st in self._steps[start:]:
+            if not items:
+                break  # all tombstones: they skip the rest of the chain
             t0 = time.perf_counter()
             n_in = n_sentinels = 0
             nxt: list[Any] = []
