@@ -111,9 +111,10 @@ class ChainRunner:
 
         With ``first`` (the lane has not produced an output since a start or restore), the
         unit's samples go through in growing steps (see :data:`FIRST_STEP`) and the call
-        returns as soon as an output is ready: the first batch waits for the samples it needs, not for the
-        whole chunk. The rest waits in the runner; :meth:`resume` runs it (before the lane's
-        next unit). Operators see the same records in the same order either way.
+        returns as soon as an output is ready: the first batch waits for the samples it
+        needs, not for the whole chunk. The rest waits in the runner; :meth:`resume` runs it
+        (before the lane's next unit). Operators see the same records in the same order
+        either way.
         """
         start = 0 if self._fetch is None else 1
         segments: list[tuple[int, list[Any]]] = []
