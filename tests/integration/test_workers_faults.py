@@ -344,6 +344,46 @@ def test_a_pipeline_dropped_without_close_is_cleaned():
     assert not _wait_gone([w["pid"] for w in workers], 3)
 
 
+NO_MAIN_GUARD = """
+import zephon as zp
+docs = [f"document {i} " * 200 for i in range(300)]  # about 600 KB, far more than a pipe holds
+src = zp.StaticMixtureWorkSource([zp.ArraySource(docs)], seed=0, chunk_size=16)
+pipe = (zp.Pipeline(src, canonical_replicas=2, workers=1).fetch().tokenize(zp.ByteTokenizer())
+        .split(max_len=128).pack(seq_len=128, num_bins=4).batch(4))
+with pipe:
+    next(pipe)
+"""
+
+
+def test_a_worker_dying_before_its_configuration_arrives_is_an_error_not_a_hang(tmp_path, leaks):
+    # No `if __name__ == "__main__":` guard: the spawned worker imports the script again and
+    # dies when that copy starts a worker of its own. Its configuration holds the documents;
+    # when it rode in the process object, the parent blocked forever writing it to the dead
+    # worker's bootstrap pipe (which the parent itself still held open).
+    script = tmp_path / "no_guard.py"
+    script.write_text(NO_MAIN_GUARD)
+    proc = subprocess.Popen(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    leaks.add(proc.pid)
+    try:
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        kill_group(proc)
+        pytest.fail("the parent hung starting a worker that had died")
+    assert proc.returncode == 1, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("zephon.errors.WorkerError: worker 0 (pid "), last
+    assert "exited with code 1 while starting, before it read its configuration" in last
+    assert "worker_start_method='spawn'" in last
+    assert "under `if __name__ == '__main__':`" in last
+
+
 @pytest.mark.parametrize("fail_at", [0, 1])
 def test_not_enough_shared_memory_is_a_clear_error(monkeypatch, fail_at):
     real = os.statvfs

@@ -370,9 +370,10 @@ def _report(conn: Any, e: BaseException, **extra: Any) -> None:
         pass  # the parent is gone or closed the pipe: nobody to tell
 
 
-def worker_main(worker_id: int, payload: bytes, conn: Any, ring_name: str, parent_pid: int) -> None:
+def worker_main(worker_id: int, conn: Any, ring_name: str, parent_pid: int) -> None:
     """Entry point of a worker process.
 
+    Its first message on ``conn`` is its configuration (see ``ProcessExecutor._keep``).
     The only clean ends are the parent's ``stop`` message, the parent closing the control
     pipe or the ring (both happen in ``close()``), or the parent's death. Anything else,
     including a user function calling ``sys.exit``, is reported to the parent.
@@ -383,6 +384,10 @@ def worker_main(worker_id: int, payload: bytes, conn: Any, ring_name: str, paren
 
     from zephon.shm import RingClosedError, ShmRing
 
+    try:
+        payload = conn.recv_bytes()
+    except (EOFError, OSError):
+        return  # the parent closed before handing the configuration over
     ring = None
     try:
         cfg = dill.loads(payload)
@@ -417,6 +422,18 @@ def _signal_name(signum: int) -> str:
         return signal.Signals(signum).name
     except ValueError:
         return "a signal"
+
+
+def _how(code: int | None) -> str:
+    """How a worker that exited with ``code`` (None: not yet) ended, for an error message."""
+    if code is None:
+        return "stopped answering and did not exit"
+    if code < 0:
+        how = f"was killed by {_signal_name(-code)} (signal {-code})"
+        if code == -signal.SIGKILL:
+            how += " (the kernel's OOM killer sends SIGKILL too: see `dmesg`)"
+        return how
+    return f"exited with code {code}"
 
 
 _STATES = {
@@ -464,11 +481,12 @@ def rebuild_error(worker: int, pid: int, msg: dict[str, Any]) -> BaseException:
 
 
 class _Handle:
-    __slots__ = ("id", "proc", "conn", "ring", "lanes", "last_seen", "stats", "lock")
+    __slots__ = ("id", "proc", "conn", "ring", "lanes", "last_seen", "stats", "lock", "configured")
 
     def __init__(self, wid: int, conn: Any, ring: Any, lanes: list[int]) -> None:
         self.id, self.conn, self.ring, self.lanes = wid, conn, ring, lanes
         self.proc: Any = None  # set by the keeper thread once the process started
+        self.configured = False  # the keeper has sent the worker its configuration
         self.last_seen = time.monotonic()
         self.stats: list[list[float]] | None = None
         self.lock = threading.Lock()  # conn sends: the feeder thread, and close()
@@ -542,7 +560,8 @@ class ProcessExecutor:
         self._stop = threading.Event()
         self._feeder: threading.Thread | None = None
         self._keeper: threading.Thread | None = None
-        self._spawned = threading.Event()  # the keeper has started every worker (or failed)
+        self._started = threading.Event()  # the keeper has started every worker process
+        self._spawned = threading.Event()  # ... and handed each its configuration (or failed)
         self._release = threading.Event()  # close() is done with the workers: the keeper may end
         self._spawn_error: BaseException | None = None
         self._engine_stop: threading.Event | None = None
@@ -570,7 +589,7 @@ class ProcessExecutor:
         lanes = engine.lanes
         n = min(self.num_workers, len(lanes))
         done = [lane for lane in lanes if engine.trackers[lane].done]
-        launches: list[tuple[_Handle, Any, Any]] = []
+        launches: list[tuple[_Handle, Any, Any, bytes]] = []
         # A forkserver's children are the server's, not ours: no parent check for them.
         parent_pid = 0 if self.start_method == "forkserver" else os.getpid()
         try:
@@ -596,11 +615,11 @@ class ProcessExecutor:
                     self.owner[lane] = h
                 proc = ctx.Process(
                     target=worker_main,
-                    args=(wid, payload, child_conn, ring.name, parent_pid),
+                    args=(wid, child_conn, ring.name, parent_pid),
                     name=f"zephon-worker-{wid}",
                     daemon=True,
                 )
-                launches.append((h, proc, child_conn))
+                launches.append((h, proc, child_conn, payload))
             # PR_SET_PDEATHSIG fires when the thread that forked a worker ends, not the
             # process: fork from a thread that lives until close(), never the caller's.
             self._keeper = threading.Thread(
@@ -613,7 +632,7 @@ class ProcessExecutor:
                 raise self._spawn_error
         except BaseException:
             if self._keeper is None:  # else the keeper closes them once it stops starting
-                for _, _, child_conn in launches:
+                for _, _, child_conn, _ in launches:
                     child_conn.close()
             self.close()
             raise
@@ -634,24 +653,68 @@ class ProcessExecutor:
             )
             raise (ShmError(why) if e.errno is None else ShmError(e.errno, why)) from e
 
-    def _keep(self, launches: list[tuple[_Handle, Any, Any]]) -> None:
-        """The keeper thread: starts the workers, then lives until close() is done."""
+    def _keep(self, launches: list[tuple[_Handle, Any, Any, bytes]]) -> None:
+        """The keeper thread: starts the workers, hands each its configuration, then lives
+        until close() is done.
+
+        The configuration (operators, datasets: often megabytes) goes over the control pipe
+        once the process runs, never in the process object: the start method writes that
+        into a pipe the parent itself holds open, so a worker that dies before reading it
+        all (say, re-importing a main module that starts pipelines at import time) would
+        block the parent forever. On the control pipe its death is an error.
+        """
         try:
-            for h, proc, child_conn in launches:
+            started: list[tuple[_Handle, bytes]] = []
+            try:
+                for h, proc, child_conn, payload in launches:
+                    if self._closed:
+                        break
+                    try:
+                        proc.start()
+                        h.proc = proc
+                    finally:
+                        child_conn.close()
+                    started.append((h, payload))
+            finally:
+                for _, _, child_conn, _ in launches:
+                    child_conn.close()
+                self._started.set()
+            for h, payload in started:
                 if self._closed:
                     break
-                try:
-                    proc.start()
-                    h.proc = proc
-                finally:
-                    child_conn.close()
+                self._hand_over(h, payload)
         except BaseException as e:  # noqa: BLE001 - re-raised by start()
             self._spawn_error = e
         finally:
-            for _, _, child_conn in launches:
-                child_conn.close()
+            self._started.set()
             self._spawned.set()
         self._release.wait()
+
+    def _hand_over(self, h: _Handle, payload: bytes) -> None:
+        """Sends worker ``h`` its configuration; a worker that died first is an error."""
+        with h.lock:  # close() may send "stop" meanwhile
+            try:
+                h.conn.send_bytes(payload)
+                h.configured = True
+                return
+            except (OSError, ValueError):
+                if self._closed:
+                    return
+        raise self._startup_death(h)
+
+    def _startup_death(self, h: _Handle) -> WorkerError:
+        h.proc.join(timeout=5)
+        hint = ""
+        if self.start_method != "fork":
+            hint = (
+                f". With worker_start_method={self.start_method!r} a worker first imports your"
+                " main module again: a script that builds and iterates pipelines at import"
+                " time must do so under `if __name__ == '__main__':`"
+            )
+        return WorkerError(
+            f"worker {h.id} (pid {h.proc.pid}, lanes {h.lanes}) {_how(h.proc.exitcode)} while"
+            f" starting, before it read its configuration (its stderr may say why){hint}"
+        )
 
     # the feeder: answers "need" requests, catches errors and deaths
     def _feed_loop(self) -> None:
@@ -709,14 +772,9 @@ class ProcessExecutor:
                         return err if isinstance(err, WorkerError) else WorkerError(str(err))
             except (EOFError, OSError, ValueError):
                 pass
-        if code is not None and code < 0:
-            how = f"was killed by {_signal_name(-code)} (signal {-code})"
-            if code == -signal.SIGKILL:
-                how += " (the kernel's OOM killer sends SIGKILL too: see `dmesg`)"
-        elif code is None:
-            how = "stopped answering and did not exit"
-        else:
-            how = f"exited with code {code} without reporting an error (its stderr may say why)"
+        how = _how(code)
+        if code is not None and code >= 0:
+            how += " without reporting an error (its stderr may say why)"
         return WorkerError(
             f"worker {h.id} (pid {h.proc.pid}, lanes {h.lanes}) {how}; the pipeline cannot "
             "continue. Restore the last checkpoint into a new pipeline to go on"
@@ -853,9 +911,10 @@ class ProcessExecutor:
         _LIVE.discard(self)
         me = threading.current_thread()
         if self._keeper is not None and self._keeper is not me:
-            self._spawned.wait(timeout=30)  # no worker starts after this
+            self._started.wait(timeout=30)  # no worker starts after this
         for h in self.handles:
-            h.send({"t": "stop"}, timeout_s=1)
+            if h.configured:  # else it waits for its configuration: SIGKILL below ends it
+                h.send({"t": "stop"}, timeout_s=1)
             h.ring.close()  # wakes a worker blocked on a full ring
         if self._feeder is not None and self._feeder is not me:
             self._feeder.join(timeout=2)
