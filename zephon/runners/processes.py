@@ -373,7 +373,8 @@ def _report(conn: Any, e: BaseException, **extra: Any) -> None:
 def worker_main(worker_id: int, conn: Any, ring_name: str, parent_pid: int) -> None:
     """Entry point of a worker process.
 
-    Its first message on ``conn`` is its configuration (see ``ProcessExecutor._keep``).
+    Its first two messages on ``conn`` are its configuration: the operators, then the rest
+    (see ``ProcessExecutor._keep``).
     The only clean ends are the parent's ``stop`` message, the parent closing the control
     pipe or the ring (both happen in ``close()``), or the parent's death. Anything else,
     including a user function calling ``sys.exit``, is reported to the parent.
@@ -385,12 +386,13 @@ def worker_main(worker_id: int, conn: Any, ring_name: str, parent_pid: int) -> N
     from zephon.shm import RingClosedError, ShmRing
 
     try:
-        payload = conn.recv_bytes()
+        payload = conn.recv_bytes(), conn.recv_bytes()
     except (EOFError, OSError):
         return  # the parent closed before handing the configuration over
     ring = None
     try:
-        cfg = dill.loads(payload)
+        cfg = dill.loads(payload[1])
+        cfg["ops"] = dill.loads(payload[0])
         ring = ShmRing.attach(ring_name)
         _Worker(worker_id, cfg, conn, ring).run()
     except (_Stop, _ParentGone):
@@ -589,14 +591,16 @@ class ProcessExecutor:
         lanes = engine.lanes
         n = min(self.num_workers, len(lanes))
         done = [lane for lane in lanes if engine.trackers[lane].done]
-        launches: list[tuple[_Handle, Any, Any, bytes]] = []
+        launches: list[tuple[_Handle, Any, Any, tuple[bytes, bytes]]] = []
         # A forkserver's children are the server's, not ours: no parent check for them.
         parent_pid = 0 if self.start_method == "forkserver" else os.getpid()
         try:
+            # The operators (datasets included) are pickled once: each worker unpickles its
+            # own fresh copy of them from the same bytes.
+            ops = dill.dumps([op.fresh() for op in self.plan.ops], recurse=True)
             for wid in range(n):
                 mine = lanes[wid::n]
                 cfg = {
-                    "ops": [op.fresh() for op in self.plan.ops],
                     "filter_index": self.plan.filter_index,
                     "targets": {
                         lane: list(self.targets[lane][1:]) for lane in mine if lane in self.targets
@@ -606,7 +610,7 @@ class ProcessExecutor:
                     "start_lane": engine.next_lane,
                     "done": [lane for lane in mine if lane in done],
                 }
-                payload = dill.dumps(cfg, recurse=True)
+                payload = (ops, dill.dumps(cfg, recurse=True))
                 ring = self._create_ring(n)
                 parent_conn, child_conn = ctx.Pipe(duplex=True)
                 h = _Handle(wid, parent_conn, ring, mine)
@@ -653,7 +657,7 @@ class ProcessExecutor:
             )
             raise (ShmError(why) if e.errno is None else ShmError(e.errno, why)) from e
 
-    def _keep(self, launches: list[tuple[_Handle, Any, Any, bytes]]) -> None:
+    def _keep(self, launches: list[tuple[_Handle, Any, Any, tuple[bytes, bytes]]]) -> None:
         """The keeper thread: starts the workers, hands each its configuration, then lives
         until close() is done.
 
@@ -664,7 +668,7 @@ class ProcessExecutor:
         block the parent forever. On the control pipe its death is an error.
         """
         try:
-            started: list[tuple[_Handle, bytes]] = []
+            started: list[tuple[_Handle, tuple[bytes, bytes]]] = []
             try:
                 for h, proc, child_conn, payload in launches:
                     if self._closed:
@@ -690,11 +694,13 @@ class ProcessExecutor:
             self._spawned.set()
         self._release.wait()
 
-    def _hand_over(self, h: _Handle, payload: bytes) -> None:
-        """Sends worker ``h`` its configuration; a worker that died first is an error."""
+    def _hand_over(self, h: _Handle, payload: tuple[bytes, bytes]) -> None:
+        """Sends worker ``h`` its configuration (the operators, then the rest); a worker
+        that died first is an error."""
         with h.lock:  # close() may send "stop" meanwhile
             try:
-                h.conn.send_bytes(payload)
+                for part in payload:
+                    h.conn.send_bytes(part)
                 h.configured = True
                 return
             except (OSError, ValueError):
