@@ -246,7 +246,8 @@ class TokenizeSplitPack(Operator):
         t2 = time.perf_counter()
         out = pack.place_runs(lanes, pieces)
         total = len(pieces)
-        self._tally(len(records), total, len(out), (t0, t1, t2, time.perf_counter()))
+        records_out = len(out) - sum(1 for o in out if type(o) is Tombstone)
+        self._tally(len(records), total, records_out, (t0, t1, t2, time.perf_counter()))
         return out
 
     def forward(
@@ -364,9 +365,10 @@ class TokenizeSplitPack(Operator):
                 encoded = tok.encode_texts([doc.text for doc in waiting])
                 for doc, ids in zip(waiting, encoded, strict=True):
                     doc.accept(ids)
+        records_out = len(out)  # (what emit() put there after the target: records)
         if dropped:
             out.append(Tombstone(lane, dropped))
-        self._tally(done, n_pieces, len(out), (t0, t1, t1, time.perf_counter()))
+        self._tally(done, n_pieces, records_out, (t0, t1, t1, time.perf_counter()))
         return out, done
 
     def _tally(self, samples: int, pieces: int, outputs: int, times: tuple[float, ...]) -> None:
@@ -404,7 +406,7 @@ class TokenizeSplitPack(Operator):
         self.realize(lane_id)
         out = list(self.pack.flush(reset, lane_id))
         st = self.stats[2]
-        st.records_out += len(out)
+        st.records_out += sum(1 for o in out if type(o) is not Tombstone)
         st.seconds += time.perf_counter() - t0
         return out
 

@@ -209,17 +209,19 @@ class ChainRunner:
         if not items:
             return []
         out: list[Any] = []
+        made: OpStats | None = None  # the counters of the operator that made ``items``
         for op, st in self._steps[start:]:
             if not items:
                 break  # all tombstones: they skip the rest of the chain
             t0 = time.perf_counter()
-            n_in = n_sentinels = 0
+            n_in = n_sentinels = n_tombs = 0
             nxt: list[Any] = []
             run: list[Record] = []
             for it in items:
                 kind = type(it)
                 if kind is Tombstone:
                     out.append(it)
+                    n_tombs += 1
                 elif kind is FlushSentinel:
                     if run:
                         nxt.extend(self._run(op, run))
@@ -234,9 +236,18 @@ class ChainRunner:
                 nxt.extend(self._run(op, run))
             st.records_in += n_in
             st.seconds += time.perf_counter() - t0
-            items = nxt
+            if made is not None:
+                made.records_out -= n_tombs  # what it dropped is no output
+            items, made = nxt, st
             st.records_out += len(items) - n_sentinels
-        out.extend(it for it in items if type(it) is not FlushSentinel)
+        for it in items:
+            kind = type(it)
+            if kind is Tombstone:
+                out.append(it)
+                if made is not None:
+                    made.records_out -= 1
+            elif kind is not FlushSentinel:
+                out.append(it)
         return out
 
     def _run(self, op: Operator, records: list[Record]) -> list[Any]:

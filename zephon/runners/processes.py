@@ -35,7 +35,8 @@ import threading
 import time
 import traceback
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from functools import partial
 from typing import Any
 from weakref import WeakSet
 
@@ -44,12 +45,14 @@ import numpy as np
 
 from zephon.chunks import WorkChunk
 from zephon.errors import ShmError, WorkerError
+from zephon.operators.base import OpStats, Output
 from zephon.operators.batch import Batch
 from zephon.records import BatchRecord, Contributor, FlushSentinel, Record, SampleCursor
 from zephon.replay import ReplayFilter
 from zephon.runners.chain import ChainRunner, LaneOutput
 
 LOOKAHEAD_FEEDS = 2  # feed units a worker keeps requested per lane, to hide the round trip
+STATS_EVERY_S = 0.05  # how often a worker sends its operators' counters along with an output
 DEFAULT_SLOT_BYTES = 4 << 20
 _POLL_S = 0.05
 _STOP_GRACE_S = 0.5  # close(): how long workers get to exit on their own before SIGKILL
@@ -154,6 +157,9 @@ class _Worker:
         self.messages = 0
         if self.batch_op is not None:
             self.batch_op.allocate = self._allocate
+        self.batch_stats = OpStats()  # batch runs outside the chain runner, here
+        self._waited = 0.0  # seconds spent waiting for a free slot (not batch's time)
+        self._stats_at = -math.inf  # when stats last went to the parent
         self._slot: Any = None
         self._slot_arrays: list[np.ndarray] = []
 
@@ -204,7 +210,9 @@ class _Worker:
         if end > self.ring.slot_bytes:
             shapes = ", ".join(f"{k}: {np.dtype(d).name}{list(s)}" for k, (s, d) in spec.items())
             raise _slot_too_small(f"a batch of lane {lane} ({shapes})", end, self.ring.slot_bytes)
+        t0 = time.perf_counter()
         self._slot = self.ring.reserve(timeout_s=None)
+        self._waited += time.perf_counter() - t0
         arrays = {k: self._slot.array(shape, dtype) for k, (shape, dtype) in spec.items()}
         self._slot_arrays = list(arrays.values())
         return arrays
@@ -214,8 +222,7 @@ class _Worker:
         stacked without ``allocate``, i.e. not a dict) copied into a new one."""
         from zephon.shm import message_nbytes
 
-        if self.messages % 64 == 0:
-            meta["stats"] = [[s.records_in, s.records_out, s.seconds] for s in self.runner.stats]
+        self._add_stats(meta)
         self.messages += 1
         packed = _pack(meta)
         slot, self._slot = self._slot, None
@@ -236,6 +243,25 @@ class _Worker:
             )
         slot.commit(packed)
 
+    def _add_stats(self, meta: dict[str, Any]) -> None:
+        """Adds the operators' counters to ``meta`` every :data:`STATS_EVERY_S` seconds,
+        and to a lane's last message."""
+        now = time.monotonic()
+        if now - self._stats_at >= STATS_EVERY_S or meta.get("end"):
+            self._stats_at = now
+            stats = [*self.runner.stats, self.batch_stats] if self.batch_op else self.runner.stats
+            meta["stats"] = [[s.records_in, s.records_out, s.seconds] for s in stats]
+
+    def _batch(self, produce: Callable[[], Iterable[Output]], records_in: int) -> list[Output]:
+        """What ``produce`` (a call of batch's) returns, counted in ``batch_stats``."""
+        t0, waited = time.perf_counter(), self._waited
+        produced = list(produce())
+        st = self.batch_stats
+        st.records_in += records_in
+        st.records_out += sum(1 for it in produced if isinstance(it, BatchRecord))
+        st.seconds += time.perf_counter() - t0 - (self._waited - waited)
+        return produced
+
     def _put(self, packed: bytes, arrays: list[np.ndarray], what: str) -> None:
         from zephon.shm import message_nbytes
 
@@ -252,7 +278,7 @@ class _Worker:
             out = self._next_lane_output(lane)
             tombs.extend(out.tombstones)
             if out.end:
-                produced = list(self.batch_op.flush(True, lane))
+                produced = self._batch(partial(self.batch_op.flush, True, lane), 0)
                 for item in produced:
                     if isinstance(item, BatchRecord):
                         self._commit(self._batch_meta(item, tombs), item.data)
@@ -263,7 +289,7 @@ class _Worker:
                 return False
             assert out.record is not None
             try:
-                produced = list(self.batch_op.process(out.record))
+                produced = self._batch(partial(self.batch_op.process, out.record), 1)
             except BaseException:
                 if self._slot is not None:
                     self._slot.abort()
@@ -311,6 +337,7 @@ class _Worker:
             "tombstones": tombs,
             "mix": [[int(c), int(w)] for c, w in rec.mix.items()],
         }
+        self._add_stats(meta)
         self.messages += 1
         self._put(_pack(meta), arrays, f"a record of lane {lane}")
         return True
@@ -872,11 +899,7 @@ class ProcessExecutor:
         return out
 
     def op_stats(self) -> list[dict[str, Any]]:
-        ops = (
-            [op for op in self.plan.ops if op.name != "batch"]
-            if self.plan.ops[-1].name == "batch"
-            else self.plan.ops
-        )
+        ops = self.plan.ops
         totals = [[0, 0, 0.0] for _ in ops]
         for h in self.handles:
             for t, s in zip(totals, h.stats or (), strict=False):

@@ -1,0 +1,65 @@
+"""``stats()["operators"]`` with worker processes: every operator, ``batch`` included, with
+the counts an in-process run of the same pipeline reports."""
+
+from __future__ import annotations
+
+import pytest
+from corpus import lm_pipeline
+
+pytestmark = pytest.mark.processes
+
+
+def _operators(workers: int, **kw) -> tuple[list[dict], int]:
+    with lm_pipeline(workers=workers, **kw) as pipe:
+        delivered = sum(1 for _ in pipe)
+        return pipe.stats()["operators"], delivered
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_worker_operator_counts_equal_the_in_process_ones_once_the_run_ends(workers):
+    local, n_local = _operators(0)
+    remote, n_remote = _operators(workers)
+    assert n_remote == n_local > 0
+    names = [o["name"] for o in local]
+    assert names[-1] == "batch" and [o["name"] for o in remote] == names
+    counts = [(o["name"], o["records_in"], o["records_out"]) for o in local]
+    assert [(o["name"], o["records_in"], o["records_out"]) for o in remote] == counts
+    (batch,) = [o for o in remote if o["name"] == "batch"]
+    assert batch["records_out"] == n_local
+    assert all(o["place"] == "workers" and o["seconds"] >= 0 for o in remote)
+    assert batch["seconds"] > 0
+
+
+def _keep_even(x) -> bool:
+    return int(x) % 2 == 0
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_what_an_operator_drops_is_not_counted_as_its_output(workers):
+    import numpy as np
+
+    import zephon as zp
+
+    def build() -> zp.Pipeline:
+        src = zp.StaticMixtureWorkSource(
+            [zp.ArraySource(np.arange(200))], seed=0, chunk_size=8, num_epochs=1
+        )
+        pipe = zp.Pipeline(src, canonical_replicas=2, flush_every_k_chunks=1, workers=workers)
+        return pipe.fetch().filter(_keep_even).shuffle(buffer_size=4).batch(4, drop_last=True)
+
+    with build() as pipe:
+        head = [next(pipe) for _ in range(5)]
+        state = pipe.checkpoint()
+        rest = sum(1 for _ in pipe)
+        ops = {o["name"]: o for o in pipe.stats()["operators"]}
+    assert head and (ops["filter"]["records_in"], ops["filter"]["records_out"]) == (200, 100)
+    assert ops["batch"]["records_out"] == 5 + rest == 24  # 50 kept a lane: 12 full batches
+    with build() as again:
+        again.restore(state)
+        assert sum(1 for _ in again) == rest
+        ops = {o["name"]: o for o in again.stats()["operators"]}
+    replay = ops["batch_replay_filter"]
+    # Replayed records up to the target are dropped: fewer out than in, and never more
+    # batches than the run had left.
+    assert replay["records_out"] < replay["records_in"]
+    assert ops["batch"]["records_out"] == rest
