@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,29 @@ pytestmark = pytest.mark.processes
 
 
 def run_ranks(url: str, world: int, env_for) -> list[list[dict]]:
+    """Runs ``world`` ranks; ``env_for(rank, port)`` is a rank's environment around a port
+    from :func:`free_port`. Another process can take that port before the ranks bind it:
+    then every rank is stopped and they start again on a new one (up to three times)."""
+    for attempt in range(3):
+        port = free_port()
+        procs, outputs = _run_once(url, world, lambda rank, port=port: env_for(rank, port))
+        taken = any("EADDRINUSE" in err for _, err in outputs)
+        if taken and attempt < 2:
+            continue
+        report = "\n".join(
+            f"rank {rank} exited {p.returncode}: {err[-3000:]}"
+            for rank, (p, (_, err)) in enumerate(zip(procs, outputs, strict=True))
+            if p.returncode != 0
+        )
+        assert not report, report  # (a rank killed because another failed exited -9)
+        return [
+            [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+            for out, _ in outputs
+        ]
+    raise AssertionError("unreachable")
+
+
+def _run_once(url: str, world: int, env_for) -> tuple[list[subprocess.Popen], list[tuple]]:
     procs = []
     for rank in range(world):
         env = {**os.environ, **env_for(rank)}
@@ -38,19 +62,19 @@ def run_ranks(url: str, world: int, env_for) -> list[list[dict]]:
                 cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
             )
         )
+    # A rank that failed stops the others at once (they would wait for it until their
+    # timeouts); the ranks print a few lines, so no pipe fills while this polls.
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+        if any(p.returncode not in (None, 0) for p in procs):
+            break
+        time.sleep(0.05)
     outputs = []
     for p in procs:  # collect every rank before judging any, so no pipe is left open
-        try:
-            outputs.append(p.communicate(timeout=120))
-        except subprocess.TimeoutExpired:
+        if p.poll() is None:
             p.kill()
-            outputs.append(p.communicate())
-    for rank, (p, (_, err)) in enumerate(zip(procs, outputs, strict=True)):
-        assert p.returncode == 0, f"rank {rank}: {err[-3000:]}"
-    return [
-        [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-        for out, _ in outputs
-    ]
+        outputs.append(p.communicate())
+    return procs, outputs
 
 
 def check_identical_merged(results: list[list[dict]], world: int) -> None:
@@ -63,20 +87,20 @@ def check_identical_merged(results: list[list[dict]], world: int) -> None:
 @pytest.mark.jax
 def test_rounds_over_the_jax_coordination_service():
     pytest.importorskip("jax")
-    coordinator = f"127.0.0.1:{free_port()}"
-    results = run_ranks("jax://", 2, lambda r: {"ZEPHON_TEST_COORDINATOR": coordinator})
+    results = run_ranks(
+        "jax://", 2, lambda r, port: {"ZEPHON_TEST_COORDINATOR": f"127.0.0.1:{port}"}
+    )
     check_identical_merged(results, 2)
 
 
 def test_rounds_over_torch_tcpstore():
     pytest.importorskip("torch")
-    port = str(free_port())
     results = run_ranks(
         "torch://",
         3,
-        lambda r: {
+        lambda r, port: {
             "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": port,
+            "MASTER_PORT": str(port),
             "RANK": str(r),
             "WORLD_SIZE": "3",
         },

@@ -71,3 +71,25 @@ def test_stalled_then_dead_tcpstore_server_gives_bounded_errors(master):
         store.get("k")
     assert time.monotonic() - t0 < TIMEOUT_S + 2.0
     store.close()
+
+
+def test_a_master_port_another_process_holds_is_named_at_once(monkeypatch):
+    pytest.importorskip("torch.distributed")
+    import socket
+
+    from zephon.checkpoint.stores.torch_store import store_from_env
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        for k, v in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}.items():
+            monkeypatch.setenv(k, v)
+        monkeypatch.setenv("RANK", "0")
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        t0 = time.monotonic()
+        with pytest.raises(AggregationError) as e:
+            store_from_env(30)
+    assert time.monotonic() - t0 < 10  # not the 30 s connect timeout
+    assert f"another process holds port {port}. Pick a free MASTER_PORT" in str(e.value)
+    assert "within" not in str(e.value)

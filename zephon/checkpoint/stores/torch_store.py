@@ -114,10 +114,16 @@ def store_from_env(connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S) -> tupl
             multi_tenant=True,
         )
     except RuntimeError as e:
+        first = str(e).splitlines()[0]
+        if is_master and "EADDRINUSE" in first:
+            raise AggregationError(
+                f"could not host the TCPStore at {addr}:{port} (rank {rank} of {world_size}): "
+                f"another process holds port {port}. Pick a free MASTER_PORT ({first})"
+            ) from e
         role = "host" if is_master else "reach"
         raise AggregationError(
             f"could not {role} the TCPStore at {addr}:{port} (rank {rank} of {world_size}) "
-            f"within {connect_timeout_s:g} s: {str(e).splitlines()[0]}"
+            f"within {connect_timeout_s:g} s: {first}"
         ) from e
     return store, f"torch://{addr}:{port}"
 
