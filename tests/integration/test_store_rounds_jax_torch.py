@@ -30,8 +30,8 @@ def run_ranks(url: str, world: int, env_for) -> list[list[dict]]:
         if taken and attempt < 2:
             continue
         report = "\n".join(
-            f"rank {rank} exited {p.returncode}: {err[-3000:]}"
-            for rank, (p, (_, err)) in enumerate(zip(procs, outputs, strict=True))
+            f"rank {rank} exited {p.returncode}: {out[-2000:]}{err[-3000:]}"
+            for rank, (p, (out, err)) in enumerate(zip(procs, outputs, strict=True))
             if p.returncode != 0
         )
         assert not report, report  # (a rank killed because another failed exited -9)

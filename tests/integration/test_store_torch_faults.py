@@ -93,3 +93,43 @@ def test_a_master_port_another_process_holds_is_named_at_once(monkeypatch):
     assert time.monotonic() - t0 < 10  # not the 30 s connect timeout
     assert f"another process holds port {port}. Pick a free MASTER_PORT" in str(e.value)
     assert "within" not in str(e.value)
+
+
+def test_a_key_read_as_empty_while_it_is_deleted_is_absent():
+    # TCPStore.get is a wait, then a read: a key deleted in between reads as b"" (a
+    # follower once failed a round on that, taking the round key for a foreign value).
+    dist = pytest.importorskip("torch.distributed")
+    from zephon.checkpoint.stores.torch_store import TorchStore
+
+    class DeletedMidGet(dist.Store):
+        def __init__(self) -> None:
+            super().__init__()
+            self.data: dict[str, bytes] = {}
+            self.empty_once: set[str] = set()
+
+        def set(self, key, value):
+            self.data[key] = bytes(value)
+
+        def get(self, key):
+            if key in self.empty_once:
+                self.empty_once.discard(key)
+                return b""
+            return self.data[key]
+
+        def check(self, keys):
+            return all(k in self.data for k in keys)
+
+        def delete_key(self, key):
+            return self.data.pop(key, None) is not None
+
+        def set_timeout(self, timeout):
+            pass
+
+    inner = DeletedMidGet()
+    store = TorchStore(inner)
+    store.put("round", b"r-1")
+    assert store.get("round") == b"r-1"
+    (key,) = inner.data
+    inner.empty_once.add(key)
+    assert store.get("round") is None
+    assert store.get("round") == b"r-1"  # on the fresh connection it reads again

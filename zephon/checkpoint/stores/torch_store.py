@@ -17,7 +17,10 @@ Quirks handled here:
 
 * ``TCPStore.get`` *waits* for an absent key until the store's timeout: ``get`` asks
   ``check([key])`` first, and treats a timeout on the following ``get`` (the key was deleted
-  in between) as absent.
+  in between) as absent. So is an empty value, which Zephon never stores (each value carries
+  a tag byte; parts are never empty): about once in 25 three-rank test runs a follower read
+  the round key as empty while the leader was removing it, most likely deleted between
+  ``get``'s own wait and its read.
 * ``check``, ``set`` and ``delete_key`` wait on the socket with no timeout at all (a
   SIGSTOPped server blocked ``check`` for 10 minutes in testing), and a client connection
   never recovers from a network error. So every call runs on a daemon worker thread that
@@ -256,11 +259,14 @@ class TorchStore:
             # would wait the whole request timeout. It was there a moment ago, so wait briefly.
             st.set_timeout(timedelta(seconds=_VANISHED_WAIT_S))
             try:
-                return bytes(st.get(key))
+                value = bytes(st.get(key))
             except RuntimeError:
                 raise _Vanished from None
             finally:
                 st.set_timeout(timedelta(seconds=self.request_timeout_s))
+            if not value:  # never Zephon's: deleted while get() ran (see the module doc)
+                raise _Vanished
+            return value
 
         try:
             result: bytes | None = self._run(get, what)
