@@ -23,23 +23,21 @@ def run_ranks(url: str, world: int, env_for) -> list[list[dict]]:
     """Runs ``world`` ranks; ``env_for(rank, port)`` is a rank's environment around a port
     from :func:`free_port`. Another process can take that port before the ranks bind it:
     then every rank is stopped and they start again on a new one (up to three times)."""
-    for attempt in range(3):
+    for _ in range(3):
         port = free_port()
         procs, outputs = _run_once(url, world, lambda rank, port=port: env_for(rank, port))
-        taken = any("EADDRINUSE" in err for _, err in outputs)
-        if taken and attempt < 2:
-            continue
-        report = "\n".join(
-            f"rank {rank} exited {p.returncode}: {out[-2000:]}{err[-3000:]}"
-            for rank, (p, (out, err)) in enumerate(zip(procs, outputs, strict=True))
-            if p.returncode != 0
-        )
-        assert not report, report  # (a rank killed because another failed exited -9)
-        return [
-            [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-            for out, _ in outputs
-        ]
-    raise AssertionError("unreachable")
+        if not any("EADDRINUSE" in err for _, err in outputs):
+            break
+    report = "\n".join(
+        f"rank {rank} exited {p.returncode}: {out[-2000:]}{err[-3000:]}"
+        for rank, (p, (out, err)) in enumerate(zip(procs, outputs, strict=True))
+        if p.returncode != 0
+    )
+    assert not report, report  # (a rank killed because another failed exited -9)
+    return [
+        [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        for out, _ in outputs
+    ]
 
 
 def _run_once(url: str, world: int, env_for) -> tuple[list[subprocess.Popen], list[tuple]]:

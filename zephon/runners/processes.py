@@ -697,18 +697,15 @@ class ProcessExecutor:
         try:
             started: list[tuple[_Handle, tuple[bytes, bytes]]] = []
             try:
-                for h, proc, child_conn, payload in launches:
+                for h, proc, _, payload in launches:
                     if self._closed:
                         break
-                    try:
-                        proc.start()
-                        h.proc = proc
-                    finally:
-                        child_conn.close()
+                    proc.start()
+                    h.proc = proc
                     started.append((h, payload))
             finally:
                 for _, _, child_conn, _ in launches:
-                    child_conn.close()
+                    child_conn.close()  # the children hold their own ends
                 self._started.set()
             for h, payload in started:
                 if self._closed:
@@ -717,7 +714,6 @@ class ProcessExecutor:
         except BaseException as e:  # noqa: BLE001 - re-raised by start()
             self._spawn_error = e
         finally:
-            self._started.set()
             self._spawned.set()
         self._release.wait()
 
