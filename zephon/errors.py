@@ -25,6 +25,10 @@ class WorkerError(ZephonError, RuntimeError):
     """A worker process failed: crashed, was killed, hung, or raised."""
 
 
+class PipelineClosedError(ZephonError, RuntimeError):
+    """The pipeline was closed: it yields nothing more (build a new one to go on)."""
+
+
 class ShmError(ZephonError, OSError):
     """Shared memory could not be created, mapped or used."""
 

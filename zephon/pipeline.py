@@ -17,7 +17,7 @@ from typing import Any
 import msgpack
 
 from zephon.compile import Plan, compile_plan, explain
-from zephon.engine import INTERLEAVE, LOCKSTEP, Engine, LocalExecutor
+from zephon.engine import Engine, LocalExecutor, closed_error
 from zephon.errors import CheckpointError
 from zephon.operators.base import Operator, PipelineContext
 from zephon.operators.batch import Batch
@@ -29,13 +29,14 @@ from zephon.operators.pack import Pack
 from zephon.operators.shuffle import Shuffle
 from zephon.operators.split import Split
 from zephon.operators.tokenize import Tokenize
+from zephon.runners.lanes import INTERLEAVE, OUTPUTS
 from zephon.runners.processes import ProcessExecutor
 from zephon.topology import Topology, resolve_topology
 from zephon.tracking import LaneTracker
 
 FORMAT = "zephon.pipeline"
 FORMAT_VERSION = 1
-_OUTPUTS = (INTERLEAVE, LOCKSTEP)
+_OUTPUTS = OUTPUTS
 
 
 class Pipeline:
@@ -51,7 +52,14 @@ class Pipeline:
         rank, world_size, dp_rank, dp_size: this process's place in a multi-host job;
             default to JAX's process index/count when ``jax.distributed`` is initialised.
         output: ``"interleave"`` (one lane's batch per step, round-robin) or ``"lockstep"``
-            (one batch of every lane per step, concatenated in lane order).
+            (one batch of every lane per step, concatenated in lane order). At the end of
+            a finite stream, interleave goes on round-robin over the lanes that have data
+            left until every lane has ended (each lane's last batch may be partial with
+            ``batch(drop_last=False)``). Lockstep stops at the first step in which some
+            lane has no batch left: the global batch of every step has every lane's rows
+            (with ``drop_last=False`` the last step may hold lanes' partial batches), and
+            what the other lanes still held is not delivered. Either way every worker
+            count yields exactly the stream of ``workers=0``.
         aggregate_dir, aggregate_store, aggregate_timeout_s: multi-rank checkpoint rounds.
         prefetch: outputs the pump prepares ahead of the consumer (0: no pump thread).
         zero_copy: with workers, yield views into shared memory valid until the next
@@ -142,6 +150,7 @@ class Pipeline:
         self._last_checkpoint_bytes = 0
         self._agg: Any = None
         self._fingerprint: str | None = None
+        self._closed = False
 
     # ------------------------------------------------------------- builder
     def apply(self, op: Operator) -> Pipeline:
@@ -154,6 +163,7 @@ class Pipeline:
         new._engine = None
         new._agg = None
         new._fingerprint = None
+        new._closed = False
         return new
 
     def fetch(self, parallelism: int = 1) -> Pipeline:
@@ -288,6 +298,8 @@ class Pipeline:
         return self
 
     def __next__(self) -> Any:
+        if self._closed:
+            raise closed_error()
         return self._get_engine().next()
 
     @property
@@ -371,6 +383,8 @@ class Pipeline:
                 checkpoint of a supported version, the fingerprint differs, or lanes that
                 this rank owns are missing.
         """
+        if self._closed:
+            raise closed_error()
         if self._engine is not None and self._engine.started:
             raise CheckpointError(
                 "restore() after iteration began; build a fresh pipeline and restore into it"
@@ -432,13 +446,27 @@ class Pipeline:
     # ---------------------------------------------------------------- misc
     def stats(self) -> dict[str, Any]:
         """Per-operator counts and time, queue fill, in-flight chunks per lane, the last
-        checkpoint's size and how many chunks the last restore replayed."""
+        checkpoint's size and how many chunks the last restore replayed.
+
+        ``operators`` lists, per operator, ``records_in`` (records it was given; flush
+        sentinels and tombstones are not records), ``records_out`` (records it emitted;
+        what it dropped is not output) and ``seconds``, summed over the lanes, each lane
+        counted as of its last delivered batch: the work done for everything delivered so
+        far (including the rest of the chunk run that produced the last batch), however
+        far the prefetch pump or the workers ran ahead. So the counts are the same with
+        any number of workers at every call made after a ``next()`` returns.
+        ``replay_dropped_records`` counts records the replay filter dropped after a
+        restore, counted the same way."""
         st = self._get_engine().stats()
         st["checkpoint_bytes"] = self._last_checkpoint_bytes
         return st
 
     def close(self) -> None:
-        """Stop the pump and release threads, workers and shared memory. Idempotent."""
+        """Stop the pump and release threads, workers and shared memory. Idempotent.
+
+        Afterwards ``next()`` raises :class:`~zephon.PipelineClosedError`; ``checkpoint()``
+        still returns the state at the last delivered batch."""
+        self._closed = True
         if self._engine is not None:
             self._engine.close()
         if self._agg is not None:

@@ -346,7 +346,7 @@ def test_a_pipeline_dropped_without_close_is_cleaned():
 
 NO_MAIN_GUARD = """
 import zephon as zp
-docs = [f"document {i} " * 200 for i in range(300)]  # about 600 KB, far more than a pipe holds
+docs = [f"document {i} " * REPEAT for i in range(300)]
 src = zp.StaticMixtureWorkSource([zp.ArraySource(docs)], seed=0, chunk_size=16)
 pipe = (zp.Pipeline(src, canonical_replicas=2, workers=1).fetch().tokenize(zp.ByteTokenizer())
         .split(max_len=128).pack(seq_len=128, num_bins=4).batch(4))
@@ -355,13 +355,15 @@ with pipe:
 """
 
 
-def test_a_worker_dying_before_its_configuration_arrives_is_an_error_not_a_hang(tmp_path, leaks):
+# About 600 KB of documents, far more than a pipe holds, or 4 KB, which the pipe takes whole.
+@pytest.mark.parametrize("repeat", [200, 1])
+def test_a_worker_dying_while_it_starts_is_an_error_naming_the_main_guard(tmp_path, leaks, repeat):
     # No `if __name__ == "__main__":` guard: the spawned worker imports the script again and
-    # dies when that copy starts a worker of its own. Its configuration holds the documents;
-    # when it rode in the process object, the parent blocked forever writing it to the dead
-    # worker's bootstrap pipe (which the parent itself still held open).
+    # dies when that copy starts a worker of its own. With the documents in its configuration
+    # the parent used to block forever writing it to the dead worker's bootstrap pipe; with
+    # a small configuration it blamed the worker for exiting "without reporting an error".
     script = tmp_path / "no_guard.py"
-    script.write_text(NO_MAIN_GUARD)
+    script.write_text(NO_MAIN_GUARD.replace("REPEAT", str(repeat)))
     proc = subprocess.Popen(
         [sys.executable, str(script)],
         cwd=tmp_path,
@@ -379,7 +381,9 @@ def test_a_worker_dying_before_its_configuration_arrives_is_an_error_not_a_hang(
     assert proc.returncode == 1, err
     last = err.strip().splitlines()[-1]
     assert last.startswith("zephon.errors.WorkerError: worker 0 (pid "), last
-    assert "exited with code 1 while starting, before it read its configuration" in last
+    assert "exited with code 1 while starting, before it " in last
+    if repeat > 1:
+        assert "before it read its configuration" in last
     assert "worker_start_method='spawn'" in last
     assert "under `if __name__ == '__main__':`" in last
 

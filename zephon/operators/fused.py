@@ -353,7 +353,7 @@ class TokenizeSplitPack(Operator):
                 fill[b] += stop - start
                 if fill[b] == cap:
                     emit(b)
-        screen.dropped += drops
+        screen.count_dropped(lane, drops)
         n_pieces = done
         if done and max(counts) > max_len:
             n_pieces += sum((n - 1) // max_len for n in counts[:done] if n > max_len)

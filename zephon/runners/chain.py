@@ -9,6 +9,10 @@ and lets stateless operators work on a chunk at once, on threads if they ask for
 Tombstones skip the rest of the chain; they travel with the lane's next output. Outputs are
 :class:`LaneOutput`: one record or batch (or none, at the end of a lane) plus the
 contributors that were tombstoned since the lane's previous output.
+
+Operators' counters are kept per lane. The first output of every run of the chain carries
+a :class:`LaneCounts` snapshot of its lane's counters, so what ``stats()`` reports can be
+counted at delivery: the same whichever process ran the lane and however far ahead.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from zephon.chunks import SamplePointer, WorkChunk
 from zephon.errors import ContractViolation
@@ -28,19 +32,34 @@ from zephon.records import Contributor, FlushSentinel, Record, Tombstone
 from zephon.replay import ReplayFilter
 
 
-class LaneOutput:
-    """What a lane hands to the consumer: ``record`` (None at the end) + tombstoned pieces."""
+class LaneCounts(NamedTuple):
+    """One lane's operator counters at one moment: ``(records_in, records_out, seconds)``
+    per operator of the chain, and how many records the replay filter dropped."""
 
-    __slots__ = ("lane", "record", "tombstones", "end", "lease")
+    ops: list[tuple[int, int, float]]
+    replay_dropped: int
+
+
+class LaneOutput:
+    """What a lane hands to the consumer: ``record`` (None at the end) + tombstoned pieces,
+    and, on the first output of a run of the chain, the lane's counters after that run."""
+
+    __slots__ = ("lane", "record", "tombstones", "end", "lease", "counts")
 
     def __init__(
-        self, lane: int, record: Record | None, tombstones: list[Contributor], end: bool = False
+        self,
+        lane: int,
+        record: Record | None,
+        tombstones: list[Contributor],
+        end: bool = False,
+        counts: LaneCounts | None = None,
     ) -> None:
         self.lane = lane
         self.record = record
         self.tombstones = tombstones
         self.end = end
         self.lease: Any = None  # a zero-copy ring slot to release once the consumer moves on
+        self.counts = counts
 
     def __repr__(self) -> str:
         return f"LaneOutput(lane={self.lane}, record={self.record!r}, tombstones={len(self.tombstones)}, end={self.end})"
@@ -73,22 +92,29 @@ class ChainRunner:
     def __init__(self, ops: Sequence[Operator], pool: ThreadPoolExecutor | None = None) -> None:
         self.ops = list(ops)
         self.pool = pool
-        self.stats = [OpStats() for _ in self.ops]
+        #: The counters of the lane being run (see :meth:`_select`), one per operator.
+        self.stats: list[OpStats] = [OpStats() for _ in self.ops]
+        self._lane_stats: dict[int, list[OpStats]] = {}
         self._tombs: dict[int, list[Contributor]] = {}
         self._rest: dict[int, list[tuple[int, list[Any]]]] = {}  # see feed(first=True)
+        filt = [op for op in self.ops if isinstance(op, ReplayFilter)]
+        self._filter = filt[0] if filt else None
         # What _push runs: the operators, with fusable runs replaced by their fused stage
-        # (which keeps the three operators' own counters; the step's are unused).
-        self._steps: list[tuple[Operator, OpStats]] = []
+        # (which keeps the three operators' own counters: its step has none, ``None``).
+        self._steps: list[tuple[Operator, int | None]] = []
+        self._fused: list[tuple[TokenizeSplitPack, int]] = []
+        self._unused = OpStats()
         i = 0
         while i < len(self.ops):
             fused = fusable(self.ops, i, threaded=pool is not None) if FUSE else None
             if fused is not None:
                 tok, split, pack = fused
-                stats = (self.stats[i], self.stats[i + 1], self.stats[i + 2])
-                self._steps.append((TokenizeSplitPack(tok, split, pack, stats), OpStats()))
+                stage = TokenizeSplitPack(tok, split, pack, (OpStats(), OpStats(), OpStats()))
+                self._steps.append((stage, None))
+                self._fused.append((stage, i))
                 i += 3
             else:
-                self._steps.append((self.ops[i], self.stats[i]))
+                self._steps.append((self.ops[i], i))
                 i += 1
         # A pack right before the replay filter drops, after a restore, the bins the filter
         # would drop, as it emits them: they are never turned into records.
@@ -104,6 +130,21 @@ class ChainRunner:
         second = self._steps[1][0] if self._fetch is not None and len(self._steps) > 1 else None
         self._forward = second if isinstance(second, TokenizeSplitPack) else None
 
+    def _select(self, lane: int) -> None:
+        """Points the counters (``stats``, the fused stages') at ``lane``'s."""
+        stats = self._lane_stats.get(lane)
+        if stats is None:
+            stats = self._lane_stats[lane] = [OpStats() for _ in self.ops]
+        self.stats = stats
+        for stage, i in self._fused:
+            stage.stats = (stats[i], stats[i + 1], stats[i + 2])
+
+    def counts(self, lane: int) -> LaneCounts:
+        """``lane``'s counters now."""
+        stats = self._lane_stats.get(lane) or [OpStats() for _ in self.ops]
+        dropped = self._filter.dropped.get(lane, 0) if self._filter is not None else 0
+        return LaneCounts([(s.records_in, s.records_out, s.seconds) for s in stats], dropped)
+
     def feed(
         self, items: Sequence[WorkChunk | FlushSentinel], first: bool = False
     ) -> list[LaneOutput]:
@@ -117,6 +158,7 @@ class ChainRunner:
         either way.
         """
         start = 0 if self._fetch is None else 1
+        lane = items[0].lane
         segments: list[tuple[int, list[Any]]] = []
         layer: list[Any] = []
         for it in items:
@@ -131,7 +173,7 @@ class ChainRunner:
                 segments.append((_UNREAD, [it]))
         if layer:
             segments.append((start, layer))
-        return self._drive(segments, first)
+        return self._drive(lane, segments, first)
 
     def suspended(self, lane: int) -> bool:
         """Whether a :meth:`feed` with ``first`` left part of ``lane``'s unit to run."""
@@ -139,11 +181,15 @@ class ChainRunner:
 
     def resume(self, lane: int) -> list[LaneOutput]:
         """Runs what a :meth:`feed` with ``first`` left of ``lane``'s unit, all of it."""
-        return self._drive(self._rest.pop(lane), False)
+        return self._drive(lane, self._rest.pop(lane), False)
 
-    def _drive(self, segments: list[tuple[int, list[Any]]], first: bool) -> list[LaneOutput]:
-        """Pushes ``segments`` (``(stage, items)``, in order) through the chain; with
-        ``first``, stops once a record has come out and keeps the rest in ``_rest``."""
+    def _drive(
+        self, lane: int, segments: list[tuple[int, list[Any]]], first: bool
+    ) -> list[LaneOutput]:
+        """Pushes ``segments`` (``(stage, items)``, in order, all of ``lane``) through the
+        chain; with ``first``, stops once a record has come out and keeps the rest in
+        ``_rest``."""
+        self._select(lane)
         start = 0 if self._fetch is None else 1
         produced: list[Any] = []
         final_lanes: list[int] = []
@@ -163,16 +209,18 @@ class ChainRunner:
             final_lanes.extend(it.lane for it in items if type(it) is FlushSentinel and it.final)
             produced.extend(self._push(items, stage))
             if first and segments and any(type(it) is not Tombstone for it in produced):
-                self._rest[produced[0].lane] = segments
+                self._rest[lane] = segments
                 break
         out: list[LaneOutput] = []
         for it in produced:
             if type(it) is Tombstone:
-                self._tombs.setdefault(it.lane, []).extend(it.contributors)
+                self._tombs.setdefault(lane, []).extend(it.contributors)
             else:
-                out.append(LaneOutput(it.lane, it, self._tombs.pop(it.lane, [])))
-        for lane in final_lanes:
+                out.append(LaneOutput(lane, it, self._tombs.pop(lane, [])))
+        if final_lanes:
             out.append(LaneOutput(lane, None, self._tombs.pop(lane, []), end=True))
+        if out:
+            out[0].counts = self.counts(lane)
         return out
 
     def _read(
@@ -210,7 +258,9 @@ class ChainRunner:
             return []
         out: list[Any] = []
         made: OpStats | None = None  # the counters of the operator that made ``items``
-        for op, st in self._steps[start:]:
+        stats = self.stats
+        for op, index in self._steps[start:]:
+            st = self._unused if index is None else stats[index]
             if not items:
                 break  # all tombstones: they skip the rest of the chain
             t0 = time.perf_counter()

@@ -35,8 +35,7 @@ import threading
 import time
 import traceback
 from collections import deque
-from collections.abc import Callable, Iterable
-from functools import partial
+from collections.abc import Callable
 from typing import Any
 from weakref import WeakSet
 
@@ -45,14 +44,13 @@ import numpy as np
 
 from zephon.chunks import WorkChunk
 from zephon.errors import ShmError, WorkerError
-from zephon.operators.base import OpStats, Output
 from zephon.operators.batch import Batch
 from zephon.records import BatchRecord, Contributor, FlushSentinel, Record, SampleCursor
 from zephon.replay import ReplayFilter
-from zephon.runners.chain import ChainRunner, LaneOutput
+from zephon.runners.chain import ChainRunner, LaneCounts, LaneOutput
+from zephon.runners.lanes import LaneOutputs, schedule
 
 LOOKAHEAD_FEEDS = 2  # feed units a worker keeps requested per lane, to hide the round trip
-STATS_EVERY_S = 0.05  # how often a worker sends its operators' counters along with an output
 DEFAULT_SLOT_BYTES = 4 << 20
 _POLL_S = 0.05
 _STOP_GRACE_S = 0.5  # close(): how long workers get to exit on their own before SIGKILL
@@ -128,38 +126,36 @@ def _slot_too_small(what: str, need: int, slot_bytes: int) -> ValueError:
 
 
 class _Worker:
+    """A worker's loop: its lanes' outputs, in the rank's order, written into its ring."""
+
     def __init__(self, worker_id: int, cfg: dict[str, Any], conn: Any, ring: Any) -> None:
         self.id = worker_id
         self.conn = conn
         self.ring = ring
         ops = cfg["ops"]
-        self.batch_op: Batch | None = ops[-1] if isinstance(ops[-1], Batch) else None
-        chain = ops[:-1] if self.batch_op is not None else ops
         pool = None
-        cap = max(op.parallelism for op in chain)
+        cap = max(op.parallelism for op in ops)
         if cap > 1:
             from concurrent.futures import ThreadPoolExecutor
 
             pool = ThreadPoolExecutor(cap, thread_name_prefix="zephon-op")
-        self.runner = ChainRunner(chain, pool)
-        filt = self.runner.ops[cfg["filter_index"]]
+        runner = ChainRunner(ops, pool)
+        for op in runner.ops:
+            if isinstance(op, Batch):
+                op.defer = True  # stacked when written: straight into a ring slot
+                op.allocate = self._allocate
+        filt = runner.ops[cfg["filter_index"]]
         assert isinstance(filt, ReplayFilter)
         for lane, cursor in cfg["targets"].items():
             filt.set_target(int(lane), SampleCursor(int(lane), *cursor))
         self.lanes: list[int] = cfg["lanes"]
         self.output: str = cfg["output"]
         self.start_lane: int = cfg["start_lane"]
-        self.done: set[int] = set(cfg["done"])
+        self.done: list[int] = cfg["done"]
+        self.outputs = LaneOutputs(runner, self._pull)
         self.feeds: dict[int, deque[list[Any]]] = {lane: deque() for lane in self.lanes}
         self.asked: dict[int, int] = dict.fromkeys(self.lanes, 0)
         self.ended: set[int] = set()
-        self.outputs: dict[int, deque[LaneOutput]] = {lane: deque() for lane in self.lanes}
-        self.messages = 0
-        if self.batch_op is not None:
-            self.batch_op.allocate = self._allocate
-        self.batch_stats = OpStats()  # batch runs outside the chain runner, here
-        self._waited = 0.0  # seconds spent waiting for a free slot (not batch's time)
-        self._stats_at = -math.inf  # when stats last went to the parent
         self._slot: Any = None
         self._slot_arrays: list[np.ndarray] = []
 
@@ -185,19 +181,16 @@ class _Worker:
         if msg["items"]:
             self.feeds[lane].append(decode_feed(msg["items"]))
 
-    def _next_lane_output(self, lane: int) -> LaneOutput:
-        outs = self.outputs[lane]
-        while not outs:
-            self._ask(lane)
-            while not self.feeds[lane]:
-                self._receive()
-            feed = self.feeds[lane].popleft()
-            if any(isinstance(it, FlushSentinel) and it.final for it in feed):
-                self.ended.add(lane)
-            for out in self.runner.feed(feed):
-                self.outputs[out.lane].append(out)
-            self._ask(lane)
-        return outs.popleft()
+    def _pull(self, lane: int) -> list[Any]:
+        """The lane's next feed unit, from the parent (two are kept asked for)."""
+        self._ask(lane)
+        while not self.feeds[lane]:
+            self._receive()
+        feed = self.feeds[lane].popleft()
+        if any(isinstance(it, FlushSentinel) and it.final for it in feed):
+            self.ended.add(lane)
+        self._ask(lane)
+        return feed
 
     # outputs, written straight into ring slots
     def _allocate(
@@ -210,57 +203,55 @@ class _Worker:
         if end > self.ring.slot_bytes:
             shapes = ", ".join(f"{k}: {np.dtype(d).name}{list(s)}" for k, (s, d) in spec.items())
             raise _slot_too_small(f"a batch of lane {lane} ({shapes})", end, self.ring.slot_bytes)
-        t0 = time.perf_counter()
         self._slot = self.ring.reserve(timeout_s=None)
-        self._waited += time.perf_counter() - t0
         arrays = {k: self._slot.array(shape, dtype) for k, (shape, dtype) in spec.items()}
         self._slot_arrays = list(arrays.values())
         return arrays
 
-    def _commit(self, meta: dict[str, Any], data: Any = None) -> None:
-        """Publishes ``meta``: into the slot ``batch`` filled, or with ``data`` (a batch
-        stacked without ``allocate``, i.e. not a dict) copied into a new one."""
-        from zephon.shm import message_nbytes
-
-        self._add_stats(meta)
-        self.messages += 1
+    def _write(self, out: LaneOutput) -> None:
+        """Writes one output: the lane's end, a batch (stacked into the slot it is
+        committed in) or a record, with its contributors and tombstones."""
+        meta: dict[str, Any] = {"lane": out.lane, "tombstones": _flat(out.tombstones)}
+        if out.counts is not None:
+            meta["counts"] = [list(out.counts.ops), out.counts.replay_dropped]
+        rec = out.record
+        if out.end or rec is None:
+            meta["end"] = True
+            self._put(_pack(meta), [], f"the end of lane {out.lane}")
+            return
+        try:
+            data = rec.data  # a deferred batch stacks now, into a reserved slot
+        except BaseException:
+            if self._slot is not None:
+                self._slot.abort()
+                self._slot = None
+            raise
+        meta["contributors"] = _flat(rec.contributors)
+        meta["mix"] = [[int(c), int(w)] for c, w in rec.mix.items()]
+        if isinstance(rec, BatchRecord):
+            meta["last"] = list(rec.last_cursor[1:])
+            meta["n"] = rec.num_records
+        if isinstance(data, dict) and all(isinstance(v, np.ndarray) for v in data.values()):
+            meta["keys"], arrays = list(data), list(data.values())
+        elif isinstance(data, np.ndarray):
+            meta["single"], arrays = True, [data]
+        else:
+            meta["value"], arrays = data, []  # msgpack-able plain data
         packed = _pack(meta)
         slot, self._slot = self._slot, None
+        what = f"a {'batch' if isinstance(rec, BatchRecord) else 'record'} of lane {out.lane}"
         if slot is None:
-            self._put(
-                packed,
-                [data] if isinstance(data, np.ndarray) else [],
-                f"a batch of lane {meta['lane']}",
-            )
+            self._put(packed, arrays, what)
             return
+        from zephon.shm import message_nbytes
+
         need = message_nbytes(len(packed), self._slot_arrays)
         if need > slot.capacity:
             slot.abort()
             raise _slot_too_small(
-                f"a batch of lane {meta['lane']} with its metadata ({len(packed)} B)",
-                need,
-                slot.capacity,
+                f"{what} with its metadata ({len(packed)} B)", need, slot.capacity
             )
         slot.commit(packed)
-
-    def _add_stats(self, meta: dict[str, Any]) -> None:
-        """Adds the operators' counters to ``meta`` every :data:`STATS_EVERY_S` seconds,
-        and to a lane's last message."""
-        now = time.monotonic()
-        if now - self._stats_at >= STATS_EVERY_S or meta.get("end"):
-            self._stats_at = now
-            stats = [*self.runner.stats, self.batch_stats] if self.batch_op else self.runner.stats
-            meta["stats"] = [[s.records_in, s.records_out, s.seconds] for s in stats]
-
-    def _batch(self, produce: Callable[[], Iterable[Output]], records_in: int) -> list[Output]:
-        """What ``produce`` (a call of batch's) returns, counted in ``batch_stats``."""
-        t0, waited = time.perf_counter(), self._waited
-        produced = list(produce())
-        st = self.batch_stats
-        st.records_in += records_in
-        st.records_out += sum(1 for it in produced if isinstance(it, BatchRecord))
-        st.seconds += time.perf_counter() - t0 - (self._waited - waited)
-        return produced
 
     def _put(self, packed: bytes, arrays: list[np.ndarray], what: str) -> None:
         from zephon.shm import message_nbytes
@@ -270,94 +261,19 @@ class _Worker:
             raise _slot_too_small(what, need, self.ring.slot_bytes)
         self.ring.put(packed, arrays)
 
-    def _emit_batch(self, lane: int) -> bool:
-        """Writes the lane's next output; False once the lane has ended."""
-        assert self.batch_op is not None
-        tombs: list[Contributor] = []
-        while True:
-            out = self._next_lane_output(lane)
-            tombs.extend(out.tombstones)
-            if out.end:
-                produced = self._batch(partial(self.batch_op.flush, True, lane), 0)
-                for item in produced:
-                    if isinstance(item, BatchRecord):
-                        self._commit(self._batch_meta(item, tombs), item.data)
-                        tombs = []
-                    else:
-                        tombs.extend(item.contributors)
-                self._commit({"lane": lane, "end": True, "tombstones": _flat(tombs)})
-                return False
-            assert out.record is not None
-            try:
-                produced = self._batch(partial(self.batch_op.process, out.record), 1)
-            except BaseException:
-                if self._slot is not None:
-                    self._slot.abort()
-                    self._slot = None
-                raise
-            if produced:
-                (batch,) = produced
-                assert isinstance(batch, BatchRecord)
-                self._commit(self._batch_meta(batch, tombs), batch.data)
-                return True
-
-    def _batch_meta(self, batch: BatchRecord, tombs: list[Contributor]) -> dict[str, Any]:
-        return {
-            "lane": batch.lane,
-            "keys": list(batch.data) if isinstance(batch.data, dict) else None,
-            "contributors": _flat(batch.contributors),
-            "tombstones": _flat(tombs),
-            "last": list(batch.last_cursor[1:]),
-            "n": batch.num_records,
-            "mix": [[int(c), int(w)] for c, w in batch.mix.items()],
-        }
-
-    def _emit_record(self, lane: int) -> bool:
-        """Pipelines without ``batch``: one record per message."""
-        out = self._next_lane_output(lane)
-        tombs = _flat(out.tombstones)
-        if out.end:
-            self._commit({"lane": lane, "end": True, "tombstones": tombs})
-            return False
-        rec = out.record
-        assert rec is not None
-        data = rec.data
-        if isinstance(data, dict) and all(isinstance(v, np.ndarray) for v in data.values()):
-            keys, arrays, value = list(data), [data[k] for k in data], None
-        elif isinstance(data, np.ndarray):
-            keys, arrays, value = None, [data], None
-        else:
-            keys, arrays, value = None, [], data  # msgpack-able plain data
-        meta = {
-            "lane": lane,
-            "keys": keys,
-            "value": value,
-            "single": isinstance(data, np.ndarray),
-            "contributors": _flat(rec.contributors),
-            "tombstones": tombs,
-            "mix": [[int(c), int(w)] for c, w in rec.mix.items()],
-        }
-        self._add_stats(meta)
-        self.messages += 1
-        self._put(_pack(meta), arrays, f"a record of lane {lane}")
-        return True
-
     def run(self) -> None:
-        emit = self._emit_batch if self.batch_op is not None else self._emit_record
-        lanes = [lane for lane in self.lanes if lane not in self.done]
-        for lane in lanes:
-            self._ask(lane)
-        if self.output == "lockstep":
-            while all(emit(lane) for lane in lanes):
-                pass
-        else:
-            pos = next((i for i, lane in enumerate(lanes) if lane >= self.start_lane), 0)
-            while lanes:
-                pos %= len(lanes)
-                if emit(lanes[pos]):
-                    pos += 1
-                else:
-                    del lanes[pos]
+        for lane in self.lanes:
+            if lane not in self.done:
+                self._ask(lane)
+        for item in schedule(
+            self.lanes,
+            self.output,
+            self.outputs.next,
+            start_lane=self.start_lane,
+            done=self.done,
+        ):
+            for out in item if isinstance(item, list) else (item,):
+                self._write(out)
         # Everything is written; wait for the parent to say stop (it may still read).
         while True:
             self._receive()
@@ -421,7 +337,9 @@ def worker_main(worker_id: int, conn: Any, ring_name: str, parent_pid: int) -> N
         cfg = dill.loads(payload[1])
         cfg["ops"] = dill.loads(payload[0])
         ring = ShmRing.attach(ring_name)
-        _Worker(worker_id, cfg, conn, ring).run()
+        worker = _Worker(worker_id, cfg, conn, ring)
+        conn.send_bytes(_pack({"t": "ready"}))
+        worker.run()
     except (_Stop, _ParentGone):
         pass
     except RingClosedError:
@@ -510,14 +428,14 @@ def rebuild_error(worker: int, pid: int, msg: dict[str, Any]) -> BaseException:
 
 
 class _Handle:
-    __slots__ = ("id", "proc", "conn", "ring", "lanes", "last_seen", "stats", "lock", "configured")
+    __slots__ = ("id", "proc", "conn", "ring", "lanes", "last_seen", "lock", "configured", "ready")
 
     def __init__(self, wid: int, conn: Any, ring: Any, lanes: list[int]) -> None:
         self.id, self.conn, self.ring, self.lanes = wid, conn, ring, lanes
         self.proc: Any = None  # set by the keeper thread once the process started
         self.configured = False  # the keeper has sent the worker its configuration
         self.last_seen = time.monotonic()
-        self.stats: list[list[float]] | None = None
+        self.ready = False  # the worker said it runs: it got its configuration and ring
         self.lock = threading.Lock()  # conn sends: the feeder thread, and close()
 
     @property
@@ -563,6 +481,7 @@ class ProcessExecutor:
     """Parent side of the worker pool: the feeder thread, the rings, fault detection."""
 
     prefetches = True  # workers run ahead into their rings (nslots >= prefetch + 2)
+    place = "workers"
 
     def __init__(
         self,
@@ -613,6 +532,10 @@ class ProcessExecutor:
         self._pull = engine.pull
         self._engine_stop = engine.stopping  # the pump must not wait on a worker once it is set
         ctx = multiprocess.get_context(self.start_method)
+        if self.start_method == "forkserver":
+            # The server (started once) imports the worker's code, so each worker it forks
+            # has it already (takes effect when the server starts).
+            ctx.set_forkserver_preload(["zephon.runners.processes"])
         _register_atexit()
         _LIVE.add(self)
         lanes = engine.lanes
@@ -740,9 +663,14 @@ class ProcessExecutor:
                 " main module again: a script that builds and iterates pipelines at import"
                 " time must do so under `if __name__ == '__main__':`"
             )
+        when = (
+            "before it began to run the pipeline"
+            if h.configured
+            else "before it read its configuration"
+        )
         return WorkerError(
             f"worker {h.id} (pid {h.proc.pid}, lanes {h.lanes}) {_how(h.proc.exitcode)} while"
-            f" starting, before it read its configuration (its stderr may say why){hint}"
+            f" starting, {when} (its stderr may say why){hint}"
         )
 
     # the feeder: answers "need" requests, catches errors and deaths
@@ -779,6 +707,8 @@ class ProcessExecutor:
                         return
                     if not h.send({"t": "feed", "lane": lane, "items": items}):
                         conns.pop(obj, None)
+                elif msg["t"] == "ready":
+                    h.ready = True
                 elif msg["t"] == "error":
                     self._fail(rebuild_error(h.id, h.proc.pid, msg))
                     return
@@ -796,11 +726,15 @@ class ProcessExecutor:
             try:
                 while h.conn.poll(0):
                     msg = _unpack(h.conn.recv_bytes())
-                    if msg["t"] == "error":
+                    if msg["t"] == "ready":
+                        h.ready = True
+                    elif msg["t"] == "error":
                         err = rebuild_error(h.id, h.proc.pid, msg)
                         return err if isinstance(err, WorkerError) else WorkerError(str(err))
             except (EOFError, OSError, ValueError):
                 pass
+        if not h.ready:
+            return self._startup_death(h)
         how = _how(code)
         if code is not None and code >= 0:
             how += " without reporting an error (its stderr may say why)"
@@ -861,21 +795,22 @@ class ProcessExecutor:
                 self._fail(self._hung(h))
         h.last_seen = time.monotonic()
         meta = _unpack(msg.meta)
-        if "stats" in meta:
-            h.stats = meta["stats"]
         if meta["lane"] != lane:
             raise WorkerError(
                 f"worker {h.id} sent lane {meta['lane']} when lane {lane} was due; this is a Zephon bug"
             )
         tombs = _unflat(meta["tombstones"])
+        counts = meta.get("counts")
+        if counts is not None:
+            counts = LaneCounts([tuple(c) for c in counts[0]], int(counts[1]))  # type: ignore[misc]
         if meta.get("end"):
             msg.release()
-            return LaneOutput(lane, None, tombs, end=True)
+            return LaneOutput(lane, None, tombs, end=True, counts=counts)
         arrays = msg.arrays
-        keys = meta["keys"]
+        keys = meta.get("keys")
         if keys is not None:
             data: Any = dict(zip(keys, arrays, strict=True))
-        elif meta.get("single") or "last" in meta:
+        elif meta.get("single"):
             data = arrays[0]
         else:
             data = meta["value"]
@@ -889,29 +824,10 @@ class ProcessExecutor:
             )
         else:
             rec = Record(data, lane, contributors, mix)
-        out = LaneOutput(lane, rec, tombs)
+        out = LaneOutput(lane, rec, tombs, counts=counts)
         if self.zero_copy:
             out.lease = msg
         return out
-
-    def op_stats(self) -> list[dict[str, Any]]:
-        ops = self.plan.ops
-        totals = [[0, 0, 0.0] for _ in ops]
-        for h in self.handles:
-            for t, s in zip(totals, h.stats or (), strict=False):
-                t[0] += int(s[0])
-                t[1] += int(s[1])
-                t[2] += float(s[2])
-        return [
-            {
-                "name": op.name,
-                "records_in": t[0],
-                "records_out": t[1],
-                "seconds": round(t[2], 6),
-                "place": "workers",
-            }
-            for op, t in zip(ops, totals, strict=True)
-        ]
 
     def extra_stats(self) -> dict[str, Any]:
         return {
