@@ -46,7 +46,6 @@ class _Failure:
 class LocalExecutor:
     """Runs the chain in this process (``workers=0``); pulls feed units on demand."""
 
-    prefetches = False  # the engine's pump thread runs it ahead
     place = "local"
 
     def __init__(self, plan: Plan) -> None:
@@ -57,10 +56,10 @@ class LocalExecutor:
             if isinstance(op, Batch):
                 op.defer = True  # the first batch after a start or restore stacks alone
         self.replay_filter = self.runner.ops[plan.filter_index]
-        self.outputs = LaneOutputs(self.runner, _nothing)
+        self.outputs = LaneOutputs(self.runner, _nothing, 0)
 
     def start(self, engine: Engine) -> None:
-        self.outputs.pull = engine.pull
+        self.outputs = LaneOutputs(self.runner, engine.pull, len(engine.lanes))
 
     def set_target(self, lane: int, cursor: Any) -> None:
         self.replay_filter.set_target(lane, cursor)  # type: ignore[attr-defined]
@@ -204,9 +203,7 @@ class Engine:
         self.started = True
         self.executor.start(self)
         self._gen = self._produce()
-        # Worker processes already run ahead into their rings, which hold the prefetched
-        # batches; a pump thread on top would only add a queue handoff per batch.
-        self._pump_wanted = self.prefetch > 0 and not self.executor.prefetches
+        self._pump_wanted = self.prefetch > 0
 
     # -------------------------------------------------------------- delivery
     def next(self) -> Any:

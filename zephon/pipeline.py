@@ -35,6 +35,8 @@ from zephon.topology import Topology, resolve_topology
 from zephon.tracking import LaneTracker
 
 FORMAT = "zephon.pipeline"
+#: Slots per worker ring when ``ring_slots`` is not given (see benchmarks.ring_depth).
+DEFAULT_RING_SLOTS = 8
 FORMAT_VERSION = 1
 _OUTPUTS = OUTPUTS
 
@@ -61,9 +63,16 @@ class Pipeline:
             what the other lanes still held is not delivered. Either way every worker
             count yields exactly the stream of ``workers=0``.
         aggregate_dir, aggregate_store, aggregate_timeout_s: multi-rank checkpoint rounds.
-        prefetch: outputs the pump prepares ahead of the consumer (0: no pump thread).
+        prefetch: batches a pump thread of this process prepares ahead of the consumer's
+            ``next()`` (0: no pump thread; each batch is made when asked for). In process
+            the pump runs the operators; with workers it takes batches out of their rings,
+            so copying them out and tracking overlap with the training step. Prefetched
+            batches are not delivered: the checkpoint cut stays at the last ``next()``.
+        ring_slots: with workers, the slots of each worker's shared-memory ring: how many
+            batches a worker may have finished ahead of the parent (``None``: 8).
         zero_copy: with workers, yield views into shared memory valid until the next
-            ``next()`` instead of arrays the caller owns.
+            ``next()`` instead of arrays the caller owns (needs ``ring_slots >=
+            prefetch + 2``: the views and the prefetched batches hold slots).
         ring_slot_bytes: bytes per shared-memory ring slot; one batch must fit in a slot.
         worker_timeout_s: a worker that produces nothing for this long is reported hung.
         worker_start_method: ``"spawn"`` (safe beside JAX's threads), ``"forkserver"`` or
@@ -86,6 +95,7 @@ class Pipeline:
         aggregate_store: str | None = None,
         aggregate_timeout_s: float = 60.0,
         prefetch: int = 3,
+        ring_slots: int | None = None,
         zero_copy: bool = False,
         ring_slot_bytes: int = 4 << 20,
         worker_timeout_s: float = 60.0,
@@ -100,8 +110,18 @@ class Pipeline:
             raise ValueError(f"output must be one of {_OUTPUTS}; got {output!r}")
         if not isinstance(workers, int) or isinstance(workers, bool) or workers < 0:
             raise ValueError(f"workers must be an int >= 0; got {workers!r}")
-        if not isinstance(prefetch, int) or prefetch < 0:
+        if not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 0:
             raise ValueError(f"prefetch must be an int >= 0; got {prefetch!r}")
+        if ring_slots is None:
+            ring_slots = DEFAULT_RING_SLOTS
+        if not isinstance(ring_slots, int) or isinstance(ring_slots, bool) or ring_slots < 2:
+            raise ValueError(f"ring_slots must be None or an int >= 2; got {ring_slots!r}")
+        if zero_copy and workers > 0 and ring_slots < prefetch + 2:
+            raise ValueError(
+                f"zero_copy=True needs ring_slots >= prefetch + 2 (the batch handed out and "
+                f"the {prefetch} prefetched ones hold ring slots while they live); got "
+                f"ring_slots={ring_slots}, prefetch={prefetch}: raise ring_slots or lower prefetch"
+            )
         if not (
             isinstance(aggregate_timeout_s, (int, float))
             and math.isfinite(aggregate_timeout_s)
@@ -130,6 +150,7 @@ class Pipeline:
         self.aggregate_store = aggregate_store
         self.aggregate_timeout_s = float(aggregate_timeout_s)
         self.prefetch = prefetch
+        self.ring_slots = ring_slots
         self.zero_copy = zero_copy
         if not isinstance(ring_slot_bytes, int) or ring_slot_bytes < 4096:
             raise ValueError(f"ring_slot_bytes must be an int >= 4096; got {ring_slot_bytes!r}")
@@ -284,7 +305,7 @@ class Pipeline:
                     self.workers,
                     zero_copy=self.zero_copy,
                     slot_bytes=self.ring_slot_bytes,
-                    nslots=max(4, self.prefetch + 2),
+                    nslots=self.ring_slots,
                     start_method=self.worker_start_method,
                     worker_timeout_s=self.worker_timeout_s,
                 )

@@ -27,6 +27,7 @@ SCRIPTS = [
     "elastic",
     "transport",
     "round_latency",
+    "ring_depth",
 ]
 
 

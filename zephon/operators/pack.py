@@ -134,6 +134,7 @@ class Pack(LaneStateOperator):
             fill[target] += piece[3]
             if fill[target] == cap:
                 out.append(self.emit(lane, bins, target))
+        _compact(held)
         return out
 
     def emit(self, lane: int, bins: _Bins, i: int) -> Output:
@@ -190,3 +191,17 @@ class Pack(LaneStateOperator):
 
     def __repr__(self) -> str:
         return f"Pack(seq_len={self.seq_len}, num_bins={self.num_bins}, features={list(self.features)})"
+
+
+def _compact(held: list[list[Piece]]) -> None:
+    """Copies out the arrays of pieces left in bins that are small views of a bigger
+    buffer (a tokenizer may encode a whole chunk into one buffer): a piece waiting in a bin
+    must not keep the rest of that buffer alive. A process owning thousands of lanes holds
+    one set of bins per lane."""
+    for pieces in held:
+        for k, p in enumerate(pieces):
+            if len(p) != 4:
+                continue  # a bare piece (replay by length) holds no tokens yet
+            arrays = p[2]
+            if any(a.base is not None and a.base.nbytes > 2 * a.nbytes for a in arrays):
+                pieces[k] = (p[0], p[1], tuple(a.copy() for a in arrays), p[3])

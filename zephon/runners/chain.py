@@ -179,9 +179,10 @@ class ChainRunner:
         """Whether a :meth:`feed` with ``first`` left part of ``lane``'s unit to run."""
         return lane in self._rest
 
-    def resume(self, lane: int) -> list[LaneOutput]:
-        """Runs what a :meth:`feed` with ``first`` left of ``lane``'s unit, all of it."""
-        return self._drive(lane, self._rest.pop(lane), False)
+    def resume(self, lane: int, first: bool = False) -> list[LaneOutput]:
+        """Runs what a :meth:`feed` with ``first`` left of ``lane``'s unit: all of it, or
+        with ``first`` again until an output is ready."""
+        return self._drive(lane, self._rest.pop(lane), first)
 
     def _drive(
         self, lane: int, segments: list[tuple[int, list[Any]]], first: bool

@@ -152,7 +152,7 @@ class _Worker:
         self.output: str = cfg["output"]
         self.start_lane: int = cfg["start_lane"]
         self.done: list[int] = cfg["done"]
-        self.outputs = LaneOutputs(runner, self._pull)
+        self.outputs = LaneOutputs(runner, self._pull, len(self.lanes))
         self.feeds: dict[int, deque[list[Any]]] = {lane: deque() for lane in self.lanes}
         self.asked: dict[int, int] = dict.fromkeys(self.lanes, 0)
         self.ended: set[int] = set()
@@ -480,7 +480,6 @@ def _register_atexit() -> None:
 class ProcessExecutor:
     """Parent side of the worker pool: the feeder thread, the rings, fault detection."""
 
-    prefetches = True  # workers run ahead into their rings (nslots >= prefetch + 2)
     place = "workers"
 
     def __init__(
@@ -602,7 +601,7 @@ class ProcessExecutor:
             why = (
                 f"{e.strerror or e}. Pipeline(workers={self.num_workers}) makes one ring per worker "
                 f"({n} rings) of {self.nslots} slots of ring_slot_bytes={self.slot_bytes} bytes "
-                "(slots = max(4, prefetch + 2)): lower ring_slot_bytes, prefetch or workers, or "
+                "(Pipeline(ring_slots=...)): lower ring_slot_bytes, ring_slots or workers, or "
                 "free space in /dev/shm"
             )
             raise (ShmError(why) if e.errno is None else ShmError(e.errno, why)) from e

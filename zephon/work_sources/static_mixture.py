@@ -29,7 +29,7 @@ import numpy as np
 from zephon.chunks import WorkChunk
 from zephon.errors import CheckpointError
 from zephon.work_sources.base import RandomAccessDataset
-from zephon.work_sources.permutation import mix64, permute
+from zephon.work_sources.permutation import mix64, permute_runs
 
 __all__ = ["StaticMixtureWorkSource"]
 
@@ -71,6 +71,9 @@ def _validate_lane(lane: Any, num_lanes: Any) -> tuple[int, int]:
 
 
 _AHEAD = 1024  # positions per component computed at once (see _sample_indices)
+#: ... but no more dataset epochs of the lane than this: a lane of many that gets a few
+#: samples per dataset epoch would otherwise compute (and keep) hundreds of epochs ahead.
+_EPOCHS_AHEAD = 8
 
 
 class StaticMixtureWorkSource:
@@ -351,7 +354,9 @@ class StaticMixtureWorkSource:
         start, k = int(positions[0]), len(positions)
         block = self._ahead.get(c)
         if block is None or not block[0] <= start or start + k > block[0] + len(block[1]):
-            span = np.arange(start, start + max(k, _AHEAD), dtype=np.int64)
+            per_epoch = -(-self._lengths[c] // self._num_lanes)  # this lane's, about
+            ahead = max(k, min(_AHEAD, _EPOCHS_AHEAD * per_epoch))
+            span = np.arange(start, start + ahead, dtype=np.int64)
             block = self._ahead[c] = (start, self._compute_indices(c, span))
         return block[1][start - block[0] : start - block[0] + k]
 
@@ -361,13 +366,10 @@ class StaticMixtureWorkSource:
         within = g % n
         if not self._shuffle:
             return within
-        epochs = g // n
-        out = np.empty_like(within)
-        first, last = int(epochs[0]), int(epochs[-1])  # positions ascend within a chunk
-        for e in range(first, last + 1):
-            sel = epochs == e
-            out[sel] = permute(within[sel], n, mix64(self._seed, c, e))
-        return out
+        epochs = g // n  # ascending: positions ascend
+        starts = [0, *(np.flatnonzero(np.diff(epochs)) + 1).tolist()]
+        keys = [mix64(self._seed, c, e) for e in epochs[starts].tolist()]
+        return permute_runs(within, n, keys, starts)
 
     def _weighted_picks(self) -> tuple[np.ndarray, np.ndarray]:
         comps: list[int] = []
