@@ -68,19 +68,21 @@ def describe_callable(fn: Any) -> str:
 # ``flush_every_k_chunks``, ``source.<key>`` (the work source's config), ``components``
 # and ``component.<c>.<property>`` (``name``, ``length``, ``weight``,
 # ``identity.<key>``), ``ops`` and ``op.<i>`` (the operator's name) and
-# ``op.<i>.<parameter>``. A text longer than ``PART_TEXT_CHARS`` is stored as ``#`` and
-# 16 hex digits of its sha256, so the map stays small whatever the values.
+# ``op.<i>.<parameter>``. A text longer than ``PART_TEXT_CHARS`` is stored as its start,
+# ``…#`` and 16 hex digits of its sha256, so the map stays small whatever the values.
 
 PART_TEXT_CHARS = 48
+_KEPT_CHARS = PART_TEXT_CHARS - 18
 _PER_COMPONENT = {"names": "name", "lengths": "length", "weights": "weight", "identities": "identity"}
 _MAX_REPORTED = 8  # differences named in one message; the rest are counted
 
 
 def short_text(text: str) -> str:
-    """``text`` itself when short, else ``#`` and a digest of it."""
+    """``text`` itself when short, else its start, ``…#`` and a digest of all of it."""
     if len(text) <= PART_TEXT_CHARS:
         return text
-    return "#" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return f"{text[:_KEPT_CHARS]}…#{digest}"
 
 
 def call_parameters(text: str, positional: tuple[str, ...] = ()) -> dict[str, str]:

@@ -507,9 +507,13 @@ class Pipeline:
     # ---------------------------------------------------------------- misc
     def stats(self) -> dict[str, Any]:
         """Per-operator counts and time, queue fill, in-flight chunks per lane, the last
-        checkpoint's size and how many chunks the last restore replayed."""
+        checkpoint's size, how many chunks the last restore replayed, and
+        ``skipped_records``: per component name, the records its dataset left out by kind
+        (for datasets with a ``skipped_records()`` method, such as
+        ``JsonlSource(on_error="skip")``)."""
         st = self._get_engine().stats()
         st["checkpoint_bytes"] = self._last_checkpoint_bytes
+        st["skipped_records"] = _skipped_records(self.source)
         return st
 
     def close(self) -> None:
@@ -574,6 +578,20 @@ def _checked_layout(state: dict[str, Any]) -> tuple[dict[int, Any], dict[int, in
             raise
         raise CheckpointError(f"malformed checkpoint: {e}") from e
     return by_lane, next_lanes, saved_dp_size
+
+
+def _skipped_records(source: Any) -> dict[str, dict[str, int]]:
+    """``ds.skipped_records()`` per component name. These datasets decide what to skip while
+    they are built, in this process, so this process's objects know the counts whatever
+    the number of workers."""
+    names = tuple(getattr(source, "names", ()))
+    datasets = tuple(getattr(source, "datasets", ()))
+    out: dict[str, dict[str, int]] = {}
+    for name, ds in zip(names, datasets, strict=False):
+        counts = getattr(ds, "skipped_records", None)
+        if callable(counts):
+            out[name] = dict(counts())
+    return out
 
 
 def _digest(config: Any, canonical_replicas: int, k: int, ops: list[str]) -> str:
