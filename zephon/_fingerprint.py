@@ -73,7 +73,12 @@ def describe_callable(fn: Any) -> str:
 
 PART_TEXT_CHARS = 48
 _KEPT_CHARS = PART_TEXT_CHARS - 18
-_PER_COMPONENT = {"names": "name", "lengths": "length", "weights": "weight", "identities": "identity"}
+_PER_COMPONENT = {
+    "names": "name",
+    "lengths": "length",
+    "weights": "weight",
+    "identities": "identity",
+}
 _MAX_REPORTED = 8  # differences named in one message; the rest are counted
 
 

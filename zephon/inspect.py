@@ -90,9 +90,7 @@ def components(parts: Any) -> list[dict[str, Any]] | None:
 
 
 def _component_line(comp: dict[str, Any]) -> str:
-    identity = " ".join(
-        f"{k}={v}" for k, v in comp["identity"].items() if v is not None
-    )
+    identity = " ".join(f"{k}={v}" for k, v in comp["identity"].items() if v is not None)
     length = comp["length"]
     size = f"{length:,} samples" if isinstance(length, int) else f"length {length}"
     weight = comp["weight"]

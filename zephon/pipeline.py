@@ -422,7 +422,13 @@ class Pipeline:
                 "merged (all-rank) checkpoint: set aggregate_dir= or aggregate_store="
             )
         topo = self._topology
-        same_layout = saved_dp_size == topo.dp_size and topo.dp_rank in next_lanes
+        same_layout = saved_dp_size == topo.dp_size
+        if same_layout and topo.dp_rank not in next_lanes:
+            raise CheckpointError(
+                f"malformed checkpoint: round_robin next_lanes has no entry for DP rank "
+                f"{topo.dp_rank} (it has {sorted(next_lanes)}) though dp_size={saved_dp_size} "
+                "is this pipeline's"
+            )
         if same_layout and next_lanes[topo.dp_rank] not in self.lanes:
             raise CheckpointError(
                 f"malformed checkpoint: round_robin next_lanes gives DP rank {topo.dp_rank} "

@@ -91,7 +91,7 @@ class ChunkTrack:
                 f"chunk arrays of {len(comps)} and {len(indices)} bytes are not int32 and int64 "
                 "of one length"
             )
-        plain = {
+        plain: dict[str, Any] = {
             "lane": checked_count("chunk lane", state["lane"]),
             "chunk_id": checked_count("chunk_id", state["chunk_id"]),
             "components": comps,
@@ -306,7 +306,9 @@ class LaneTracker:
         if not isinstance(done, bool):
             raise CheckpointError(f"done must be a bool; got {_shown(done)}")
         ids = [c.chunk_id for c in chunks]
-        contiguous = not ids or ids == list(range(ids[0], next_id))
+        contiguous = not ids or (
+            next_id - ids[0] == len(ids) and ids == list(range(ids[0], next_id))
+        )
         if any(c.lane != self.lane for c in chunks) or not contiguous:
             raise CheckpointError(
                 f"in-flight chunks must be this lane's and contiguous up to "
@@ -400,9 +402,7 @@ def checked_count(what: str, value: Any, limit: int = 1 << 63) -> int:
     """``value`` if it is an int in ``[0, limit)`` (not a bool), else a CheckpointError
     naming ``what`` and showing the value."""
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < limit:
-        raise CheckpointError(
-            f"{what} must be an int in [0, {limit}); got {_shown(value)}"
-        )
+        raise CheckpointError(f"{what} must be an int in [0, {limit}); got {_shown(value)}")
     return value
 
 

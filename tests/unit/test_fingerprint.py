@@ -161,7 +161,9 @@ def test_a_checkpoint_without_parts_keeps_the_old_behaviour(tmp_path) -> None:
     state = checkpoint_of(pipe)
     legacy = {k: v for k, v in state.items() if k != FINGERPRINT_PARTS}
     legacy["fingerprint"] = jsonl_pipeline(path)._fingerprints()[2]  # what old Zephon wrote
-    with pytest.warns(UserWarning, match=r"predates dataset content identities .* cannot be checked"):
+    with pytest.warns(
+        UserWarning, match=r"predates dataset content identities .* cannot be checked"
+    ):
         jsonl_pipeline(path).restore(legacy)
     with pytest.raises(
         CheckpointError,
@@ -197,7 +199,11 @@ def test_call_parameters() -> None:
         "num_bins": "2",
         "features": "['a', 'b']",
     }
-    assert call_parameters("Foo(1, x='a,b', y=(1, 2))") == {"arg1": "1", "x": "'a,b'", "y": "(1, 2)"}
+    assert call_parameters("Foo(1, x='a,b', y=(1, 2))") == {
+        "arg1": "1",
+        "x": "'a,b'",
+        "y": "(1, 2)",
+    }
     assert call_parameters("Fetch()") == {}
     assert call_parameters("not a call") == {"definition": "not a call"}
     assert call_parameters("Foo(a=[1, 2)") == {"definition": "Foo(a=[1, 2)"}

@@ -88,12 +88,19 @@ def atomic_write_bytes(
     """
     target = os.path.abspath(os.fspath(path))
     tmp = temp_path(target)
-    if make_parents:
-        _make_parents(target)
+    # O_EXCL: never write through a file (or symlink) someone else put at the temp name.
+    # Python makes the fd non-inheritable itself (PEP 446).
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
     try:
-        # O_EXCL: never write through a file (or symlink) someone else put at the temp name.
-        # Python makes the fd non-inheritable itself (PEP 446).
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+        try:
+            fd = os.open(tmp, flags, 0o666)
+        except FileNotFoundError:
+            if not make_parents:
+                raise
+            _make_dirs(os.path.dirname(target), target)
+            fd = os.open(tmp, flags, 0o666)
+    except NotADirectoryError as e:
+        raise naming_target(e, target, _file_in_the_way(target)) from e
     except OSError as e:
         raise naming_target(e, target) from e
     try:
@@ -133,28 +140,40 @@ def naming_target(error: OSError, target: str, doing: str = "") -> OSError:
     return OSError(error.errno, detail, target)  # OSError picks the subclass from errno
 
 
-def _make_parents(target: str) -> None:
-    missing: list[str] = []
+def _file_in_the_way(target: str) -> str:
+    """Which ancestor of ``target`` is not a directory, in words ("" if none is found)."""
     parent = os.path.dirname(target)
-    while not os.path.isdir(parent):
-        missing.append(parent)
-        up = os.path.dirname(parent)
-        if up == parent:
-            break
-        parent = up
-    for directory in reversed(missing):
+    while os.path.dirname(parent) != parent:
+        if os.path.lexists(parent) and not os.path.isdir(parent):
+            return f"{parent} is not a directory"
+        parent = os.path.dirname(parent)
+    return ""
+
+
+def _make_dirs(directory: str, target: str) -> None:
+    """Create ``directory`` and its missing parents, each synced into its parent; only what
+    is missing is touched (an ancestor that cannot even be looked at is never created)."""
+    parent = os.path.dirname(directory)
+    try:
         try:
             os.mkdir(directory)
-        except FileExistsError:
-            if not os.path.isdir(directory):  # a file stands where a directory must go
-                raise naming_target(
-                    NotADirectoryError(errno.ENOTDIR, f"{directory} is not a directory"),
-                    target,
-                ) from None
-            continue  # another writer made it meanwhile
-        except OSError as e:
-            raise naming_target(e, target, f"creating the directory {directory}") from e
-        try:
-            fsync_dir(os.path.dirname(directory))
-        except OSError as e:
-            raise naming_target(e, target, f"syncing {os.path.dirname(directory)}") from e
+        except FileNotFoundError:
+            if parent == directory:
+                raise
+            _make_dirs(parent, target)
+            os.mkdir(directory)
+    except FileExistsError:
+        if os.path.isdir(directory):
+            return  # another writer made it meanwhile
+        # A file stands where a directory must go.
+        raise naming_target(
+            NotADirectoryError(errno.ENOTDIR, f"{directory} is not a directory"), target
+        ) from None
+    except OSError as e:
+        if e.filename == target:  # from a deeper call: already named
+            raise
+        raise naming_target(e, target, f"creating the directory {directory}") from e
+    try:
+        fsync_dir(parent)
+    except OSError as e:
+        raise naming_target(e, target, f"syncing {parent}") from e

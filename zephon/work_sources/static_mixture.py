@@ -511,7 +511,11 @@ class StaticMixtureWorkSource:
                 f"{self._lane} of {self._num_lanes}; load it into for_lane({lane}, {num_lanes})"
             )
         positions, current, exhausted = state["positions"], state["current"], state["exhausted"]
-        for key, value in (("positions", positions), ("current", current), ("exhausted", exhausted)):
+        for key, value in (
+            ("positions", positions),
+            ("current", current),
+            ("exhausted", exhausted),
+        ):
             if not isinstance(value, list):
                 raise CheckpointError(
                     f"state {key} must be a list (one entry per component); got "

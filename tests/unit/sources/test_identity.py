@@ -61,11 +61,15 @@ def test_jsonl_identity_ignores_the_path_and_sees_other_or_edited_data(tmp_path)
     assert str(tmp_path) not in json.dumps(ident)
 
     # Another file with the same number of lines.
-    other = write_jsonl(tmp_path / "other.jsonl", [line.replace("record", "RECORD") for line in LINES])
+    other = write_jsonl(
+        tmp_path / "other.jsonl", [line.replace("record", "RECORD") for line in LINES]
+    )
     assert len(zp.JsonlSource(other)) == len(zp.JsonlSource(a))
     assert zp.JsonlSource(other, field="text").content_identity() != ident
     # One line edited in place (same size): a small file is digested whole.
-    edited = write_jsonl(tmp_path / "edited.jsonl", [*LINES[:100], LINES[100].replace("0100", "0999"), *LINES[101:]])
+    edited = write_jsonl(
+        tmp_path / "edited.jsonl", [*LINES[:100], LINES[100].replace("0100", "0999"), *LINES[101:]]
+    )
     assert edited.stat().st_size == a.stat().st_size
     assert zp.JsonlSource(edited, field="text").content_identity()["sample"] != ident["sample"]
     # What is read is part of it too.
@@ -196,8 +200,12 @@ def test_items_identity_encodes_values_not_addresses() -> None:
     assert zp.ArraySource(again).content_identity() != ident
     # An object array is read item by item too, never by its pointers.
     objs = np.array([f"s{i}" for i in range(10)], dtype=object)
-    assert array_sample_of(objs) == array_sample_of(np.array([f"s{i}" for i in range(10)], dtype=object))
-    assert array_sample_of(objs) != array_sample_of(np.array([f"t{i}" for i in range(10)], dtype=object))
+    assert array_sample_of(objs) == array_sample_of(
+        np.array([f"s{i}" for i in range(10)], dtype=object)
+    )
+    assert array_sample_of(objs) != array_sample_of(
+        np.array([f"t{i}" for i in range(10)], dtype=object)
+    )
     # Plain lists and arrays handed to the work source are identified the same way.
     assert dataset_identity(items) == ident
     assert dataset_identity(np.arange(5)) == zp.ArraySource(np.arange(5)).content_identity()
@@ -227,7 +235,9 @@ class _Bad(_Opaque):
 def test_user_datasets_offer_an_identity_or_are_known_by_type() -> None:
     assert dataset_identity(_Opaque()) == {"kind": "type", "type": "_Opaque"}
     assert dataset_identity(_Offers(2)) == {"kind": "table", "version": 2}
-    with pytest.raises(TypeError, match=r"_Bad.content_identity\(\) must return a dict of str keys"):
+    with pytest.raises(
+        TypeError, match=r"_Bad.content_identity\(\) must return a dict of str keys"
+    ):
         dataset_identity(_Bad())
     src = zp.StaticMixtureWorkSource({"ok": _Opaque(), "bad": _Bad()})
     with pytest.raises(TypeError, match=r"dataset 'bad' \(component 1\): _Bad.content_identity"):
