@@ -495,8 +495,9 @@ class Pipeline:
         differences = describe_differences(saved_parts, parts)
         if not differences:
             raise CheckpointError(
-                f"{head}, though every recorded part agrees: the checkpoint's "
-                f"{FINGERPRINT_PARTS!r} does not describe its fingerprint (edited by hand?)"
+                f"{head}, though every part it records agrees: what differs is something the "
+                "parts do not show (such as an operator's class behind the same name and "
+                f"parameters), or the checkpoint's {FINGERPRINT_PARTS!r} was edited"
             )
         content = any("content identity" in d for d in differences)
         raise CheckpointError(

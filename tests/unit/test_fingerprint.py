@@ -231,3 +231,39 @@ def test_merged_ranks_over_other_data_name_what_differs(tmp_path) -> None:
         match=r"component 0 \('web'\) content identity sample: rank 1 has '\w+', rank 0 has",
     ):
         merge_states([a, b])
+
+
+def test_the_legacy_fingerprint_is_what_zephon_wrote_before_parts() -> None:
+    # Pinned from the last Zephon without fingerprint parts (commit d6e00cb): its checkpoints
+    # of this pipeline hold this fingerprint, and must still restore.
+    src = zp.StaticMixtureWorkSource(
+        {"a": zp.ArraySource([f"doc {i}" for i in range(20)]), "b": zp.ArraySource(["x", "yy"])},
+        weights=[3, 1],
+        seed=7,
+        chunk_size=4,
+    )
+
+    def build() -> zp.Pipeline:
+        return (
+            zp.Pipeline(src, canonical_replicas=2)
+            .fetch()
+            .tokenize(zp.ByteTokenizer())
+            .split(8)
+            .pack(8, num_bins=2)
+            .shuffle(4, seed=1)
+            .batch(2)
+        )
+
+    old = "bda46447b144cb88c0f2aa93e06d830d5d4353863e09dc2ccd8394915cac5a6f"
+    assert build()._fingerprints()[2] == old
+    assert build().fingerprint() != old  # today's covers the datasets' contents too
+    with build() as pipe:
+        expected = take(pipe, 6)[3:]
+    state = checkpoint_of(build(), 3)
+    written_before_parts = {k: v for k, v in state.items() if k != FINGERPRINT_PARTS}
+    written_before_parts["fingerprint"] = old
+    with build() as pipe:
+        with pytest.warns(UserWarning, match=r"predates dataset content identities"):
+            pipe.restore(written_before_parts)
+        got = take(pipe, 3)
+    assert all(np.array_equal(a[k], b[k]) for a, b in zip(expected, got, strict=True) for k in a)
