@@ -179,7 +179,10 @@ def test_malformed_or_inconsistent_parts_are_checkpoint_errors(tmp_path) -> None
     with pytest.raises(CheckpointError, match=r"'fingerprint_parts' is malformed \(a list"):
         jsonl_pipeline(path, seq_len=17).restore({**state, FINGERPRINT_PARTS: [1]})
     same = jsonl_pipeline(path).fingerprint_parts()
-    with pytest.raises(CheckpointError, match=r"though every recorded part agrees"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"though every part it records agrees: what differs is something the parts do not show",
+    ):
         jsonl_pipeline(path).restore({**state, "fingerprint": "0" * 64, FINGERPRINT_PARTS: same})
     # With the fingerprint intact, the parts are not even read.
     jsonl_pipeline(path).restore({**state, FINGERPRINT_PARTS: {"junk": "1"}})
