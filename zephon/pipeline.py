@@ -557,6 +557,12 @@ def _checked_layout(state: dict[str, Any]) -> tuple[dict[int, Any], dict[int, in
             f"malformed checkpoint: {what}; got {type(value).__name__} {value!r:.80}"
         )
 
+    def count(what: str, value: Any) -> int:
+        try:
+            return checked_count(what, value)
+        except CheckpointError as e:
+            raise CheckpointError(f"malformed checkpoint: {e}") from None
+
     lanes, rr = state.get("lanes"), state.get("round_robin")
     if not isinstance(lanes, list):
         raise fail("'lanes' must be a list of lane states", lanes)
@@ -564,26 +570,18 @@ def _checked_layout(state: dict[str, Any]) -> tuple[dict[int, Any], dict[int, in
     for ls in lanes:
         if not isinstance(ls, dict) or "lane" not in ls:
             raise fail("every entry of 'lanes' must be a dict with a 'lane'", ls)
-        try:
-            lane = checked_count("a lane id", ls["lane"])
-        except CheckpointError as e:
-            raise CheckpointError(f"malformed checkpoint: {e}") from e
+        lane = count("a lane id", ls["lane"])
         if lane in by_lane:
             raise CheckpointError(f"malformed checkpoint: lane {lane} appears twice in 'lanes'")
         by_lane[lane] = ls
     if not isinstance(rr, dict) or not isinstance(rr.get("next_lanes"), dict):
         raise fail("'round_robin' must be a dict with a 'next_lanes' dict", rr)
-    try:
-        saved_dp_size = checked_count("round_robin dp_size", rr.get("dp_size"))
-        next_lanes = {}
-        for key, value in rr["next_lanes"].items():
-            if not (isinstance(key, str) and key.isdigit()):
-                raise fail("round_robin next_lanes keys must be DP ranks written as str", key)
-            next_lanes[int(key)] = checked_count(f"round_robin next_lanes[{key!r}]", value)
-    except CheckpointError as e:
-        if str(e).startswith("malformed checkpoint"):
-            raise
-        raise CheckpointError(f"malformed checkpoint: {e}") from e
+    saved_dp_size = count("round_robin dp_size", rr.get("dp_size"))
+    next_lanes = {}
+    for key, value in rr["next_lanes"].items():
+        if not (isinstance(key, str) and key.isdigit()):
+            raise fail("round_robin next_lanes keys must be DP ranks written as str", key)
+        next_lanes[int(key)] = count(f"round_robin next_lanes[{key!r}]", value)
     return by_lane, next_lanes, saved_dp_size
 
 
