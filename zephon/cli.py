@@ -170,7 +170,41 @@ def bench(argv: list[str]) -> int:
     return int(bench_main(argv) or 0)
 
 
+#: The exit status when the reader of stdout went away (``zephon inspect f | head``): what a
+#: shell reports for a command that SIGPIPE ended, as ``cat`` or ``grep`` would be.
+EXIT_BROKEN_PIPE = 128 + 13
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run a subcommand; returns its exit status.
+
+    When stdout is a pipe whose reader has gone (``zephon inspect --json f | head``), the
+    command stops quietly with :data:`EXIT_BROKEN_PIPE` instead of a traceback.
+    """
+    try:
+        status = _main(argv)
+        sys.stdout.flush()  # a closed pipe shows here, not at exit where it cannot be caught
+    except BrokenPipeError:
+        _discard_stdout()
+        return EXIT_BROKEN_PIPE
+    return status
+
+
+def _discard_stdout() -> None:
+    """Point stdout's descriptor at /dev/null, so that the interpreter's final flush of what
+    is still buffered does not fail again (and print a traceback) at exit."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # replaced by a non-file (tests, tools)
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+
+
+def _main(argv: list[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["bench"]:  # its options belong to the suite, not to this parser
         return bench(argv[1:])

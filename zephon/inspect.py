@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 from typing import Any
@@ -36,6 +37,8 @@ def summarize(
         "state_format": state.get("format"),
         "state_version": state.get("version"),
         "fingerprint": state.get("fingerprint"),
+        "components": components(state.get("fingerprint_parts")),
+        "fingerprint_parts": state.get("fingerprint_parts"),
         "canonical_replicas": state.get("canonical_replicas"),
         "flush_every_k_chunks": state.get("flush_every_k_chunks"),
         "eviction": state.get("eviction"),
@@ -46,6 +49,53 @@ def summarize(
             "samples": sum(ln["replays"]["samples"] for ln in lanes),
         },
     }
+
+
+def _value(text: Any) -> Any:
+    """A part's text as the value it shows (``"'web'"`` -> ``"web"``); a digest (``#…``) or
+    anything else that is not a literal stays text."""
+    if not isinstance(text, str):
+        return text
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return text
+
+
+def components(parts: Any) -> list[dict[str, Any]] | None:
+    """Each component's name, length, weight and content identity from a checkpoint's
+    fingerprint parts; None for a checkpoint without them (made before they existed)."""
+    if not isinstance(parts, dict):
+        return None
+    count = parts.get("components")
+    n = int(count) if isinstance(count, str) and count.isdigit() else 0
+    out = []
+    for c in range(n):
+        prefix = f"component.{c}."
+        props = {k[len(prefix) :]: v for k, v in parts.items() if k.startswith(prefix)}
+        out.append(
+            {
+                "component": c,
+                "name": _value(props.get("name")),
+                "length": _value(props.get("length")),
+                "weight": _value(props.get("weight")),
+                "identity": {
+                    k[len("identity.") :]: _value(v)
+                    for k, v in props.items()
+                    if k.startswith("identity.")
+                },
+            }
+        )
+    return out
+
+
+def _component_line(comp: dict[str, Any]) -> str:
+    identity = " ".join(f"{k}={v}" for k, v in comp["identity"].items() if v is not None)
+    length = comp["length"]
+    size = f"{length:,} samples" if isinstance(length, int) else f"length {length}"
+    weight = comp["weight"]
+    shown = f"{weight:.4g}" if isinstance(weight, float) else str(weight)
+    return f"  component {comp['component']} {comp['name']!r}: {size}, weight {shown}, {identity}"
 
 
 def _chunk_ids(ids: list[int]) -> str:
@@ -67,6 +117,11 @@ def describe(path: str | os.PathLike[str], *, as_json: bool = False) -> str:
         f"{os.fspath(path)}: {info['file_bytes']:,} bytes ({info['uncompressed_bytes']:,} uncompressed), file format v{info['file_format_version']}",
         f"  state {info['state_format']} v{info['state_version']}, fingerprint {str(info['fingerprint'])[:16]}",
         f"  {info['canonical_replicas']} lanes, eviction={info['eviction']}, flush_every_k_chunks={info['flush_every_k_chunks']}, next lanes {info['round_robin'] and info['round_robin'].get('next_lanes')}",
+        *(
+            [_component_line(comp) for comp in info["components"]]
+            if info["components"] is not None
+            else ["  components: not recorded (a checkpoint made before content identities)"]
+        ),
         f"  restore replays {info['restore_replays']['chunks']} chunks ({info['restore_replays']['samples']} samples)",
         "  lane  in-flight chunks      boundaries        replay cursor     batches  source position",
     ]
@@ -85,4 +140,4 @@ def describe(path: str | os.PathLike[str], *, as_json: bool = False) -> str:
     return "\n".join(out)
 
 
-__all__ = ["describe", "summarize"]
+__all__ = ["components", "describe", "summarize"]

@@ -11,11 +11,13 @@ from __future__ import annotations
 import copy
 import hashlib
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgpack
 
+from zephon._fingerprint import describe_differences, fingerprint_parts
 from zephon.compile import Plan, compile_plan, explain
 from zephon.engine import Engine, LocalExecutor, closed_error
 from zephon.errors import CheckpointError
@@ -38,6 +40,9 @@ FORMAT = "zephon.pipeline"
 #: Slots per worker ring when ``ring_slots`` is not given (see benchmarks.ring_depth).
 DEFAULT_RING_SLOTS = 8
 FORMAT_VERSION = 1
+#: The part map beside the fingerprint (see :mod:`zephon._fingerprint`); checkpoints made
+#: before it existed lack it.
+FINGERPRINT_PARTS = "fingerprint_parts"
 _OUTPUTS = OUTPUTS
 
 
@@ -170,7 +175,7 @@ class Pipeline:
         self._engine: Engine | None = None
         self._last_checkpoint_bytes = 0
         self._agg: Any = None
-        self._fingerprint: str | None = None
+        self._fingerprint: tuple[str, dict[str, str], str] | None = None
         self._closed = False
 
     # ------------------------------------------------------------- builder
@@ -266,25 +271,41 @@ class Pipeline:
         return explain(self._compiled())
 
     def fingerprint(self) -> str:
-        """A hash of the pipeline definition that a checkpoint must match to be restored."""
-        if self._fingerprint is None:
-            self._fingerprint = self._compute_fingerprint()
-        return self._fingerprint
+        """A hash of the pipeline definition that a checkpoint must match to be restored:
+        the work source's config (with every dataset's content identity), the operators and
+        their parameters, ``canonical_replicas`` and the flush cadence. Computed once per
+        pipeline (reading a few blocks of each dataset; see :mod:`zephon.sources.identity`)."""
+        return self._fingerprints()[0]
 
-    def _compute_fingerprint(self) -> str:
-        plan = self._compiled()
-        config = (
-            self.source.config()
-            if callable(getattr(self.source, "config", None))
-            else repr(type(self.source))
-        )
-        desc = {
-            "source": config,
-            "canonical_replicas": self.canonical_replicas,
-            "flush_every_k_chunks": plan.flush_every_k_chunks,
-            "ops": [op.fingerprint() for op in plan.ops],
-        }
-        return hashlib.sha256(msgpack.packb(desc, use_bin_type=True, default=repr)).hexdigest()
+    def fingerprint_parts(self) -> dict[str, str]:
+        """The fingerprint part by part (``"op.3.seq_len" -> "2048"``, ``"component.0.
+        identity.sample" -> "'9f3a…'"``): what a checkpoint carries so that a mismatch can
+        name what differs."""
+        return dict(self._fingerprints()[1])
+
+    def _fingerprints(self) -> tuple[str, dict[str, str], str]:
+        """(fingerprint, parts, legacy fingerprint): the last is what checkpoints without a
+        part map hold (no content identities)."""
+        if self._fingerprint is None:
+            plan = self._compiled()
+            config = (
+                self.source.config()
+                if callable(getattr(self.source, "config", None))
+                else repr(type(self.source))
+            )
+            legacy_config = (
+                {k: v for k, v in config.items() if k != "identities"}
+                if isinstance(config, dict)
+                else config
+            )
+            ops = [op.fingerprint() for op in plan.ops]
+            k = plan.flush_every_k_chunks
+            self._fingerprint = (
+                _digest(config, self.canonical_replicas, k, ops),
+                fingerprint_parts(config, self.canonical_replicas, k, plan.ops),
+                _digest(legacy_config, self.canonical_replicas, k, ops),
+            )
+        return self._fingerprint
 
     def _get_engine(self) -> Engine:
         if self._engine is None:
@@ -351,6 +372,7 @@ class Pipeline:
             "format": FORMAT,
             "version": FORMAT_VERSION,
             "fingerprint": self.fingerprint(),
+            FINGERPRINT_PARTS: self.fingerprint_parts(),
             "canonical_replicas": self.canonical_replicas,
             "flush_every_k_chunks": plan.flush_every_k_chunks,
             "eviction": plan.eviction,
@@ -426,36 +448,44 @@ class Pipeline:
                 f"checkpoint has canonical_replicas={state.get('canonical_replicas')!r} but this "
                 f"pipeline has {self.canonical_replicas}; lanes are fixed for a training run"
             )
-        mine = self.fingerprint()
-        if state.get("fingerprint") != mine:
-            raise CheckpointError(
-                f"checkpoint fingerprint {str(state.get('fingerprint'))[:12]}… does not match this "
-                f"pipeline's {mine[:12]}…: the pipeline definition (source, operators or their "
-                "parameters, flush_every_k_chunks) differs from the one that was checkpointed"
-            )
-        try:
-            by_lane = {int(ls["lane"]): ls for ls in state["lanes"]}
-            rr = state["round_robin"]
-            next_lanes = {int(k): int(v) for k, v in rr["next_lanes"].items()}
-            saved_dp_size = int(rr["dp_size"])
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise CheckpointError(f"malformed checkpoint: {e!r}") from e
+        self._check_fingerprint(state)
+        by_lane, next_lanes, saved_dp_size = _checked_layout(state)
         missing = [lane for lane in self.lanes if lane not in by_lane]
         if missing:
             raise CheckpointError(
                 f"checkpoint has no state for lanes {missing} that this rank owns; restore a "
                 "merged (all-rank) checkpoint: set aggregate_dir= or aggregate_store="
             )
+        topo = self._topology
+        same_layout = saved_dp_size == topo.dp_size
+        if same_layout and topo.dp_rank not in next_lanes:
+            raise CheckpointError(
+                f"malformed checkpoint: round_robin next_lanes has no entry for DP rank "
+                f"{topo.dp_rank} (it has {sorted(next_lanes)}) though dp_size={saved_dp_size} "
+                "is this pipeline's"
+            )
+        if same_layout and next_lanes[topo.dp_rank] not in self.lanes:
+            raise CheckpointError(
+                f"malformed checkpoint: round_robin next_lanes gives DP rank {topo.dp_rank} "
+                f"lane {next_lanes[topo.dp_rank]}, which it does not own (its lanes: {self.lanes})"
+            )
+        if self._engine is not None:
+            self._engine.close()
         self._engine = None
         engine = self._get_engine()
         replayed = 0
-        for lane in self.lanes:
-            tracker = engine.trackers[lane]
-            replayed += tracker.load(by_lane[lane])
-            engine.executor.set_target(lane, tracker.cursor)
+        try:
+            for lane in self.lanes:
+                tracker = engine.trackers[lane]
+                replayed += tracker.load(by_lane[lane])
+                engine.executor.set_target(lane, tracker.cursor)
+        except CheckpointError:
+            # Nothing half-restored survives: the next restore() or next() starts clean.
+            engine.close()
+            self._engine = None
+            raise
         engine.replayed_chunks = replayed
-        topo = self._topology
-        if saved_dp_size == topo.dp_size and topo.dp_rank in next_lanes:
+        if same_layout:
             engine.next_lane = next_lanes[topo.dp_rank]
         else:
             # Another topology: the round-robin turn goes to the least advanced lane, which
@@ -463,6 +493,58 @@ class Pipeline:
             live = [lane for lane in self.lanes if not engine.trackers[lane].done] or self.lanes
             engine.next_lane = min(live, key=lambda lane: (engine.trackers[lane].batches, lane))
         self._last_checkpoint_bytes = 0
+
+    def _check_fingerprint(self, state: dict[str, Any]) -> None:
+        mine, parts, legacy = self._fingerprints()
+        theirs = state.get("fingerprint")
+        if theirs == mine:
+            return
+        saved_parts = state.get(FINGERPRINT_PARTS)
+        if saved_parts is None and theirs == legacy:
+            warnings.warn(
+                "the checkpoint predates dataset content identities (it has no "
+                f"{FINGERPRINT_PARTS!r}): its pipeline definition matches this one, but "
+                "whether the datasets hold the same data cannot be checked. Checkpoints made "
+                "from now on carry it",
+                UserWarning,
+                stacklevel=3,
+            )
+            return
+        head = (
+            f"checkpoint fingerprint {str(theirs)[:12]}… does not match this pipeline's "
+            f"{mine[:12]}…"
+        )
+        if saved_parts is None:
+            raise CheckpointError(
+                f"{head}: the pipeline definition (source, operators or their parameters, "
+                "flush_every_k_chunks) differs from the one that was checkpointed"
+            )
+        if not isinstance(saved_parts, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in saved_parts.items()
+        ):
+            raise CheckpointError(
+                f"{head}, and the checkpoint's {FINGERPRINT_PARTS!r} is malformed (a "
+                f"{type(saved_parts).__name__}, expected a dict of str to str), so what differs "
+                "cannot be said; restore a checkpoint written by zephon.save"
+            )
+        differences = describe_differences(saved_parts, parts)
+        if not differences:
+            raise CheckpointError(
+                f"{head}, though every part it records agrees: what differs is something the "
+                "parts do not show (such as an operator's class behind the same name and "
+                f"parameters), or the checkpoint's {FINGERPRINT_PARTS!r} was edited"
+            )
+        content = any("content identity" in d for d in differences)
+        raise CheckpointError(
+            f"{head}: {'; '.join(differences)}. Restore into the pipeline (and datasets) that "
+            "made the checkpoint"
+            + (
+                "; a content identity differs when a dataset holds other data (another file, "
+                "or the same one edited)"
+                if content
+                else ""
+            )
+        )
 
     # ---------------------------------------------------------------- misc
     def stats(self) -> dict[str, Any]:
@@ -477,9 +559,12 @@ class Pipeline:
         far the prefetch pump or the workers ran ahead. So the counts are the same with
         any number of workers at every call made after a ``next()`` returns.
         ``replay_dropped_records`` counts records the replay filter dropped after a
-        restore, counted the same way."""
+        restore, counted the same way. ``skipped_records``: per component name, the
+        records its dataset left out by kind (for datasets with a ``skipped_records()``
+        method, such as ``JsonlSource(on_error="skip")``)."""
         st = self._get_engine().stats()
         st["checkpoint_bytes"] = self._last_checkpoint_bytes
+        st["skipped_records"] = _skipped_records(self.source)
         return st
 
     def close(self) -> None:
@@ -510,6 +595,68 @@ class Pipeline:
         return f"Pipeline(lanes={self.canonical_replicas}, ops={ops})"
 
 
+def _checked_layout(state: dict[str, Any]) -> tuple[dict[int, Any], dict[int, int], int]:
+    """The lane states by lane, the round-robin's next lane per DP rank and its dp_size,
+    checked for shape; a CheckpointError names what is malformed."""
+    from zephon.tracking import checked_count
+
+    def fail(what: str, value: Any) -> CheckpointError:
+        return CheckpointError(
+            f"malformed checkpoint: {what}; got {type(value).__name__} {value!r:.80}"
+        )
+
+    def count(what: str, value: Any) -> int:
+        try:
+            return checked_count(what, value)
+        except CheckpointError as e:
+            raise CheckpointError(f"malformed checkpoint: {e}") from None
+
+    lanes, rr = state.get("lanes"), state.get("round_robin")
+    if not isinstance(lanes, list):
+        raise fail("'lanes' must be a list of lane states", lanes)
+    by_lane: dict[int, Any] = {}
+    for ls in lanes:
+        if not isinstance(ls, dict) or "lane" not in ls:
+            raise fail("every entry of 'lanes' must be a dict with a 'lane'", ls)
+        lane = count("a lane id", ls["lane"])
+        if lane in by_lane:
+            raise CheckpointError(f"malformed checkpoint: lane {lane} appears twice in 'lanes'")
+        by_lane[lane] = ls
+    if not isinstance(rr, dict) or not isinstance(rr.get("next_lanes"), dict):
+        raise fail("'round_robin' must be a dict with a 'next_lanes' dict", rr)
+    saved_dp_size = count("round_robin dp_size", rr.get("dp_size"))
+    next_lanes = {}
+    for key, value in rr["next_lanes"].items():
+        if not (isinstance(key, str) and key.isdigit()):
+            raise fail("round_robin next_lanes keys must be DP ranks written as str", key)
+        next_lanes[int(key)] = count(f"round_robin next_lanes[{key!r}]", value)
+    return by_lane, next_lanes, saved_dp_size
+
+
+def _skipped_records(source: Any) -> dict[str, dict[str, int]]:
+    """``ds.skipped_records()`` per component name. These datasets decide what to skip while
+    they are built, in this process, so this process's objects know the counts whatever
+    the number of workers."""
+    names = tuple(getattr(source, "names", ()))
+    datasets = tuple(getattr(source, "datasets", ()))
+    out: dict[str, dict[str, int]] = {}
+    for name, ds in zip(names, datasets, strict=False):
+        counts = getattr(ds, "skipped_records", None)
+        if callable(counts):
+            out[name] = dict(counts())
+    return out
+
+
+def _digest(config: Any, canonical_replicas: int, k: int, ops: list[str]) -> str:
+    desc = {
+        "source": config,
+        "canonical_replicas": canonical_replicas,
+        "flush_every_k_chunks": k,
+        "ops": ops,
+    }
+    return hashlib.sha256(msgpack.packb(desc, use_bin_type=True, default=repr)).hexdigest()
+
+
 def _parallelism(p: int) -> int:
     if not isinstance(p, int) or p < 1:
         raise ValueError(f"parallelism must be a positive int; got {p!r}")
@@ -538,9 +685,16 @@ def merge_states(states: list[dict[str, Any]]) -> dict[str, Any]:
     next_lanes: dict[str, int] = {}
     for rank, st in enumerate(states):
         if st["fingerprint"] != first["fingerprint"]:
+            parts, first_parts = st.get(FINGERPRINT_PARTS), first.get(FINGERPRINT_PARTS)
+            what = (
+                "; ".join(describe_differences(parts, first_parts, f"rank {rank}", "rank 0"))
+                if isinstance(parts, dict) and isinstance(first_parts, dict)
+                else ""
+            )
             raise AggregationError(
                 f"rank {rank}'s pipeline fingerprint {st['fingerprint'][:12]}… differs from rank 0's "
-                f"{first['fingerprint'][:12]}…: every rank must build the same pipeline"
+                f"{first['fingerprint'][:12]}…{': ' + what if what else ''}: every rank must build "
+                "the same pipeline over the same data"
             )
         next_lanes.update(st["round_robin"]["next_lanes"])
         for ls in st["lanes"]:

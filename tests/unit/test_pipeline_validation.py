@@ -328,7 +328,7 @@ def test_restore_missing_lanes_and_malformed_states() -> None:
     [
         ({"indices": b"\0" * 12}, r"chunk arrays of \d+ and 12 bytes are not int32 and int64"),
         ({"components": [0, 0]}, r"components and indices must be bytes; got list and bytes"),
-        ({"seed": "x"}, r"invalid literal for int"),
+        ({"seed": "x"}, r"chunk seed must be an int in \[0, 18446744073709551616\); got str 'x'"),
         ({"lane": 1}, r"in-flight chunks must be this lane's"),
     ],
     ids=["lengths", "not bytes", "seed", "lane"],

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from zephon.sources._fs import check_index
+from zephon.sources.identity import array_identity, items_sample
 
 
 class ArraySource:
@@ -48,6 +49,16 @@ class ArraySource:
         if isinstance(self._items, np.ndarray):
             return list(self._items[checked])
         return [self._items[i] for i in checked]
+
+    def content_identity(self) -> dict[str, Any]:
+        """What the source holds, for the pipeline fingerprint: a numpy array's dtype and
+        shape plus a digest of sampled elements (at most 512 KiB of them, copied), other
+        items by a digest of up to 64 sampled items (plain values, bytes, arrays, lists and
+        dicts by value; other objects by type only)."""
+        items = self._items
+        if isinstance(items, np.ndarray):
+            return array_identity(items)
+        return {"kind": "items", "sample": items_sample(items)}
 
     def __repr__(self) -> str:
         return f"ArraySource(len={len(self._items)})"

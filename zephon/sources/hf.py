@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from zephon.sources._fs import PathArg, check_index
+from zephon.sources.identity import items_sample, sample_positions, short_digest
 
 
 def _import_datasets() -> Any:
@@ -131,6 +132,18 @@ class HFSource:
         return [
             dict(zip(keys, values, strict=True)) for values in zip(*batch.values(), strict=True)
         ]
+
+    def content_identity(self) -> dict[str, Any]:
+        """What the source holds, for the pipeline fingerprint: a digest of the features
+        (column types) and of up to 64 sampled rows as :meth:`read` returns them, and the
+        field. Not the path: a copied dataset still matches."""
+        rows = self.read(sample_positions(len(self._dataset)))
+        return {
+            "kind": "hf",
+            "features": short_digest(repr(self._dataset.features)),
+            "sample": items_sample(rows),
+            "field": self._field,
+        }
 
     def __repr__(self) -> str:
         where = f"path={self._path!r}" if self._path is not None else f"columns={self._columns}"

@@ -28,6 +28,7 @@ import numpy as np
 
 from zephon.chunks import WorkChunk
 from zephon.errors import CheckpointError
+from zephon.sources.identity import dataset_identity
 from zephon.work_sources.base import RandomAccessDataset
 from zephon.work_sources.permutation import mix64, permute_runs
 
@@ -283,7 +284,22 @@ class StaticMixtureWorkSource:
         return new
 
     def config(self) -> dict[str, Any]:
-        """Msgpack-able description for the pipeline fingerprint (no lane, no progress)."""
+        """Msgpack-able description for the pipeline fingerprint (no lane, no progress).
+
+        ``identities`` holds each dataset's content identity (its ``content_identity()``,
+        or its type's name for a dataset without one; see :mod:`zephon.sources.identity`),
+        computed now from bounded reads.
+
+        Raises:
+            TypeError: a dataset's ``content_identity()`` returned something that is not a
+                dict of plain values; the message names the component.
+        """
+        identities = []
+        for c, (name, ds) in enumerate(zip(self._names, self._datasets, strict=True)):
+            try:
+                identities.append(dataset_identity(ds))
+            except TypeError as e:
+                raise TypeError(f"dataset {name!r} (component {c}): {e}") from e
         return {
             "class": type(self).__name__,
             "names": list(self._names),
@@ -293,6 +309,8 @@ class StaticMixtureWorkSource:
             "shuffle": self._shuffle,
             "chunk_size": self._chunk_size,
             "num_epochs": self._num_epochs,
+            # Last, so that the config without it is the one checkpoints held before.
+            "identities": identities,
         }
 
     # ------------------------------------------------------------------------ properties
@@ -333,6 +351,11 @@ class StaticMixtureWorkSource:
     @property
     def lane(self) -> int:
         return self._lane
+
+    @property
+    def next_chunk_id(self) -> int:
+        """The id of the chunk :meth:`next_chunk` returns next."""
+        return self._next_chunk_id
 
     @property
     def num_lanes(self) -> int:
@@ -480,12 +503,26 @@ class StaticMixtureWorkSource:
                 f"{extra}; expected exactly {list(_STATE_KEYS)}"
             )
         lane, num_lanes = state["lane"], state["num_lanes"]
+        if type(lane) is not int or type(num_lanes) is not int:
+            raise CheckpointError(
+                f"state lane and num_lanes must be ints; got {lane!r} and {num_lanes!r}"
+            )
         if lane != self._lane or num_lanes != self._num_lanes:
             raise CheckpointError(
                 f"state belongs to lane {lane} of {num_lanes} but this source is lane "
                 f"{self._lane} of {self._num_lanes}; load it into for_lane({lane}, {num_lanes})"
             )
         positions, current, exhausted = state["positions"], state["current"], state["exhausted"]
+        for key, value in (
+            ("positions", positions),
+            ("current", current),
+            ("exhausted", exhausted),
+        ):
+            if not isinstance(value, list):
+                raise CheckpointError(
+                    f"state {key} must be a list (one entry per component); got "
+                    f"{type(value).__name__} {value!r:.80}"
+                )
         k = self.num_components
         if not (len(positions) == len(current) == len(exhausted) == k):
             raise CheckpointError(
@@ -494,10 +531,15 @@ class StaticMixtureWorkSource:
             )
         next_chunk_id = _checked_count("next_chunk_id", state["next_chunk_id"])
         new_positions = [_checked_count(f"positions[{c}]", p) for c, p in enumerate(positions)]
+        if not all(
+            isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+            for x in current
+        ):
+            raise CheckpointError(f"state current must be finite floats; got {current!r:.200}")
         new_current = [float(x) for x in current]
-        if not all(math.isfinite(x) for x in new_current):
-            raise CheckpointError(f"state current must be finite floats; got {current}")
-        new_exhausted = [bool(x) for x in exhausted]
+        if not all(isinstance(x, bool) for x in exhausted):
+            raise CheckpointError(f"state exhausted must be bools; got {exhausted!r:.200}")
+        new_exhausted = list(exhausted)
         for c in range(k):
             expected = self._is_exhausted(c, new_positions[c])
             if new_exhausted[c] != expected:

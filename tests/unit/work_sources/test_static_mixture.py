@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from zephon.chunks import WorkChunk
 from zephon.errors import CheckpointError
+from zephon.sources.identity import dataset_identity
 from zephon.work_sources import (
     LaneShardable,
     StaticMixtureWorkSource,
@@ -82,7 +83,9 @@ def test_protocols_properties_config_repr() -> None:
         "shuffle": True,
         "chunk_size": 8,
         "num_epochs": None,
+        "identities": [dataset_identity(a), dataset_identity(b)],
     }
+    assert [i["kind"] for i in config["identities"]] == ["items", "array"]
     assert msgpack.unpackb(msgpack.packb(config)) == config
     assert ws.for_lane(2, 3).config() == config  # the lane is not part of the config
     assert repr(ws) == (
