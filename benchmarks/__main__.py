@@ -11,6 +11,7 @@ Questions (one script each, also runnable alone as ``python -m benchmarks.<modul
     q6  transport         worker -> parent transport: ring vs Queue vs segment per array
     q7  round_latency     multi-rank checkpoint round latency, directory and etcd
     q8  ring_depth        worker ring depth x consumer prefetch: the defaults' share of the best
+    q9  many_lanes        one rank owning thousands of lanes (elastic shrink) against 8
 
 Each writes ``<results>/<module>.json`` (rows plus the machine, package versions and date)
 and, where it has one, ``<results>/<module>.png``; this runner also writes
@@ -37,6 +38,7 @@ QUESTIONS: dict[str, tuple[str, str]] = {
     "q6": ("transport", "worker transport"),
     "q7": ("round_latency", "checkpoint round latency"),
     "q8": ("ring_depth", "worker ring depth and prefetch"),
+    "q9": ("many_lanes", "one rank owning many lanes"),
 }
 # Scripts that compare with Grain and accept --no-grain.
 _GRAIN = {"q1", "q2", "q4", "q5"}

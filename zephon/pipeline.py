@@ -173,7 +173,7 @@ class Pipeline:
         self._ops: tuple[Operator, ...] = ()
         self._plan: Plan | None = None
         self._engine: Engine | None = None
-        self._last_checkpoint_bytes = 0
+        self._last_checkpoint: dict[str, Any] | int = 0  # the state, or its size once asked
         self._agg: Any = None
         self._fingerprint: tuple[str, dict[str, str], str] | None = None
         self._closed = False
@@ -359,6 +359,11 @@ class Pipeline:
         With ``aggregate_dir``/``aggregate_store`` every rank must call it at the same step;
         the ranks run one checkpoint round and all return the same merged state, covering
         every lane. Without them a rank returns the state of its own lanes.
+
+        Treat the state as read-only: a lane's part is shared with later checkpoints until
+        the lane moves (which keeps a checkpoint of thousands of lanes cheap). ``zp.save``,
+        :meth:`restore` and the Orbax handler only read it; ``copy.deepcopy`` it before
+        changing anything in place.
         """
         return self.aggregate(self.local_checkpoint())
 
@@ -396,7 +401,7 @@ class Pipeline:
         configured (every rank must call it), else return it as it is."""
         if self._aggregated():
             state = self._aggregator().round(state)
-        self._last_checkpoint_bytes = len(msgpack.packb(state, use_bin_type=True))
+        self._last_checkpoint = state  # sized when stats() asks (packing it costs)
         return state
 
     def _aggregated(self) -> bool:
@@ -492,7 +497,7 @@ class Pipeline:
             # is where a rank's round-robin would be (ties: the lowest lane).
             live = [lane for lane in self.lanes if not engine.trackers[lane].done] or self.lanes
             engine.next_lane = min(live, key=lambda lane: (engine.trackers[lane].batches, lane))
-        self._last_checkpoint_bytes = 0
+        self._last_checkpoint = 0
 
     def _check_fingerprint(self, state: dict[str, Any]) -> None:
         mine, parts, legacy = self._fingerprints()
@@ -563,7 +568,9 @@ class Pipeline:
         records its dataset left out by kind (for datasets with a ``skipped_records()``
         method, such as ``JsonlSource(on_error="skip")``)."""
         st = self._get_engine().stats()
-        st["checkpoint_bytes"] = self._last_checkpoint_bytes
+        if isinstance(self._last_checkpoint, dict):
+            self._last_checkpoint = len(msgpack.packb(self._last_checkpoint, use_bin_type=True))
+        st["checkpoint_bytes"] = self._last_checkpoint
         st["skipped_records"] = _skipped_records(self.source)
         return st
 

@@ -113,8 +113,11 @@ class ChunkTrack:
         return self._chunk.lane if self._chunk is not None else self._state["lane"]  # type: ignore[index]
 
     def to_state(self) -> dict[str, Any]:
-        """The chunk's checkpoint form (a restored chunk's is the one it came from)."""
-        return self._state if self._state is not None else self.chunk.to_state()
+        """The chunk's checkpoint form (a restored chunk's is the one it came from); made
+        once, a chunk never changes."""
+        if self._state is None:
+            self._state = self.chunk.to_state()
+        return self._state
 
     def add_run(self, pieces: Sequence[Contributor], i: int) -> int:
         """Counts ``pieces[i]``, ``pieces[i + 1]``, ... for as long as they are of this chunk;
@@ -157,11 +160,24 @@ class LaneTracker:
         self.boundaries: list[int] = []  # ascending; b = first chunk after a sentinel
         self.cursor: SampleCursor | None = None
         self.batches = 0  # outputs delivered from this lane
-        self.done = False  # the end of the lane's stream was delivered
+        self._done = False  # the end of the lane's stream was delivered
         self.exhausted = False  # the source said so and the final sentinel went out
         self.replay: deque[ChunkTrack | FlushSentinel] = deque()  # restored, to replay
         self.evicted = 0
         self.next_chunk_id = 0
+        #: :meth:`state` as last built, until something it shows changes: a checkpoint of
+        #: a rank of thousands of lanes rebuilds only the lanes that moved since the last.
+        self._state: dict[str, Any] | None = None
+
+    @property
+    def done(self) -> bool:
+        """The end of the lane's stream was delivered."""
+        return self._done
+
+    @done.setter
+    def done(self, value: bool) -> None:
+        self._done = value
+        self._state = None
 
     # ----------------------------------------------------------------- handing out
     def pull(self) -> Feed:
@@ -175,6 +191,7 @@ class LaneTracker:
             return items
         if self.exhausted:
             return []
+        self._state = None  # the source moves on
         chunk = self.source.next_chunk()
         if chunk is None:
             self.exhausted = True
@@ -213,6 +230,7 @@ class LaneTracker:
             i = track.add_run(contributors, i)
 
     def deliver(self, contributors: list[Contributor], last_cursor: SampleCursor | None) -> None:
+        self._state = None
         self.close(contributors)
         if last_cursor is not None:
             self.cursor = last_cursor
@@ -259,9 +277,13 @@ class LaneTracker:
 
     # ---------------------------------------------------------------- checkpoint
     def state(self) -> dict[str, Any]:
+        """The lane's checkpoint state. Shared with later calls until the lane moves:
+        read it, never change it in place."""
+        if self._state is not None:
+            return self._state
         lo = next(iter(self.inflight), None)
         floor = lo if lo is not None else self.next_chunk_id
-        return {
+        self._state = {
             "lane": self.lane,
             "inflight": [t.to_state() for t in self.inflight.values()],
             "boundaries": [b for b in self.boundaries if b > floor or (lo is None and b == floor)],
@@ -271,6 +293,7 @@ class LaneTracker:
             "done": self.done,
             "next_chunk_id": self.next_chunk_id,
         }
+        return self._state
 
     def load(self, state: dict[str, Any]) -> int:
         """Restore from :meth:`state`; returns how many chunks phase 1 will replay.
@@ -330,7 +353,7 @@ class LaneTracker:
                 f"next_chunk_id is {next_id}; the checkpoint is inconsistent"
             )
         self.batches = batches
-        self.done = done
+        self.done = done  # (forgets the state built before)
         self.cursor = cursor
         self.inflight = {c.chunk_id: c for c in chunks}
         self.boundaries = boundaries

@@ -28,6 +28,7 @@ SCRIPTS = [
     "transport",
     "round_latency",
     "ring_depth",
+    "many_lanes",
 ]
 
 

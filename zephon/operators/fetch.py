@@ -57,15 +57,20 @@ class Fetch(Operator):
 
     @staticmethod
     def records(
-        chunk: WorkChunk, comps: list[int], samples: list[Any], first: int = 0
+        chunk: WorkChunk,
+        comps: list[int],
+        samples: list[Any],
+        first: int = 0,
+        stop: int | None = None,
     ) -> list[Record]:
-        """The records of ``chunk``'s offsets from ``first`` on, given what
+        """The records of ``chunk``'s offsets from ``first`` on (to ``stop``), given what
         :meth:`read_chunk` returned for it."""
         lane, cid = chunk.lane, chunk.chunk_id
         new = tuple.__new__
+        end = len(samples) if stop is None else min(stop, len(samples))
         return [
             Record(samples[off], lane, [new(Contributor, (cid, off, 0, True))], {comps[off]: 1})
-            for off in range(first, len(samples))
+            for off in range(first, end)
         ]
 
     def read_chunk(self, chunk: WorkChunk) -> tuple[list[int], list[Any]]:

@@ -78,6 +78,28 @@ def expand(chunk: WorkChunk) -> list[Record]:
 
 _T = TypeVar("_T")
 
+
+class _Fetched:
+    """The records of a read chunk from offset ``first`` on, made when they are pushed: a
+    lane that runs its unit in steps keeps its samples, not a record per sample."""
+
+    __slots__ = ("chunk", "comps", "samples", "first")
+
+    def __init__(self, chunk: WorkChunk, comps: list[int], samples: list[Any], first: int) -> None:
+        self.chunk, self.comps, self.samples, self.first = chunk, comps, samples, first
+
+    def __len__(self) -> int:
+        return len(self.samples) - self.first
+
+    def take(self, n: int) -> tuple[list[Record], _Fetched | None]:
+        """The records of the next ``n`` offsets, and what is left (None: nothing)."""
+        stop = self.first + n
+        records = Fetch.records(self.chunk, self.comps, self.samples, self.first, stop)
+        if stop >= len(self.samples):
+            return records, None
+        return records, _Fetched(self.chunk, self.comps, self.samples, stop)
+
+
 #: How many samples :meth:`ChainRunner.feed` runs first while a lane's first output is
 #: awaited (about the pieces of a few packed rows); each further step runs twice as many.
 FIRST_STEP = 8
@@ -199,14 +221,19 @@ class ChainRunner:
             stage, items = segments.pop(0)
             if stage == _UNREAD:
                 got = self._read(items[0], first, produced)
-                if got and segments and segments[0][0] == got[-1][0]:  # one push, not two
-                    got[-1] = (got[-1][0], got[-1][1] + segments.pop(0)[1])
+                if got and segments and type(got[-1][1]) is list and segments[0][0] == got[-1][0]:
+                    got[-1] = (got[-1][0], got[-1][1] + segments.pop(0)[1])  # one push, not two
                 segments[:0] = got
                 continue
-            if first and stage == start and len(items) > step:
+            if type(items) is _Fetched:
+                items, rest = items.take(step if first else len(items))
+                if rest is not None:
+                    segments.insert(0, (stage, rest))  # type: ignore[arg-type]
+                    step *= 2  # few calls, should the first output need the whole chunk
+            elif first and stage == start and len(items) > step:
                 segments.insert(0, (stage, items[step:]))
                 items = items[:step]
-                step *= 2  # few calls, should the first output need the whole chunk
+                step *= 2
             final_lanes.extend(it.lane for it in items if type(it) is FlushSentinel and it.final)
             produced.extend(self._push(items, stage))
             if first and segments and any(type(it) is not Tombstone for it in produced):
@@ -235,13 +262,18 @@ class ChainRunner:
         assert fetch is not None
         start = 1
         if forward is None or not forward.forwards(chunk.lane):
-            return [(start, self._timed_fetch(fetch, chunk, fetch.expand_chunk))]
+            if not first:
+                return [(start, self._timed_fetch(fetch, chunk, fetch.expand_chunk))]
+            comps, samples = self._timed_fetch(fetch, chunk, fetch.read_chunk)
+            return [(start, _Fetched(chunk, comps, samples, 0))]  # type: ignore[list-item]
         comps, samples = self._timed_fetch(fetch, chunk, fetch.read_chunk)
         keys = [(chunk.chunk_id, off) for off in range(len(comps))]
         pieces, done = forward.forward(chunk.lane, keys, comps, samples, to_target=first)
         produced.extend(self._push(pieces, start + 1))
         if done == len(samples):
             return []
+        if first:
+            return [(start, _Fetched(chunk, comps, samples, done))]  # type: ignore[list-item]
         return [(start, fetch.records(chunk, comps, samples, done))]
 
     def _timed_fetch(self, fetch: Fetch, chunk: WorkChunk, read: Callable[[WorkChunk], _T]) -> _T:
