@@ -59,14 +59,10 @@ class ChunkTrack:
         self.closed = 0
 
     @classmethod
-    def stored(cls, state: Any, lengths: Sequence[int] | None = None) -> ChunkTrack:
+    def stored(cls, state: Any) -> ChunkTrack:
         """The track of a chunk in its :meth:`WorkChunk.to_state` form, checked now and
-        decoded on first use.
-
-        Args:
-            state: the chunk's checkpoint form.
-            lengths: the dataset length of each component, when known: every pointer must
-                name a component and an index inside it.
+        decoded on first use (its pointers are checked against the datasets by the lane,
+        for all its chunks at once).
 
         Raises:
             CheckpointError: a key is missing, a value has the wrong type or is out of
@@ -98,8 +94,6 @@ class ChunkTrack:
             "indices": indices,
             "seed": checked_count("chunk seed", state["seed"], 1 << 64),
         }
-        if lengths is not None and size:
-            _check_pointers(plain["chunk_id"], comps, indices, lengths)
         return cls(None, size, plain)
 
     @property
@@ -322,7 +316,9 @@ class LaneTracker:
         lengths = getattr(self.source, "lengths", None)
         if not (isinstance(lengths, tuple | list) and all(isinstance(n, int) for n in lengths)):
             lengths = None
-        chunks = [ChunkTrack.stored(c, lengths) for c in raw_chunks]
+        chunks = [ChunkTrack.stored(c) for c in raw_chunks]
+        if lengths is not None and chunks:
+            _check_pointers(chunks, lengths)
         next_id = checked_count("next_chunk_id", state["next_chunk_id"])
         batches = checked_count("batches", state["batches"])
         done = state["done"]
@@ -429,17 +425,31 @@ def checked_count(what: str, value: Any, limit: int = 1 << 63) -> int:
     return value
 
 
-def _check_pointers(chunk_id: int, comps: bytes, indices: bytes, lengths: Sequence[int]) -> None:
-    """Every pointer of a stored chunk names a component and an index inside its dataset."""
-    c = np.frombuffer(comps, dtype="<i4")
-    i = np.frombuffer(indices, dtype="<i8")
-    bad = (c < 0) | (c >= len(lengths))
-    if not bad.any():
-        bad = i >= np.asarray(lengths, dtype=np.int64)[c]
-        bad |= i < 0
-    if bad.any():
-        at = int(np.flatnonzero(bad)[0])
-        raise CheckpointError(
-            f"in-flight chunk {chunk_id} points at component {int(c[at])}, index {int(i[at])} "
-            f"(offset {at}), outside the datasets (lengths {list(lengths)})"
-        )
+def _check_pointers(chunks: list[ChunkTrack], lengths: Sequence[int]) -> None:
+    """Every pointer of the stored ``chunks`` names a component and an index inside its
+    dataset (one pass over all of them)."""
+    states = [t.to_state() for t in chunks]
+    c = np.frombuffer(b"".join(st["components"] for st in states), dtype="<i4")
+    i = np.frombuffer(b"".join(st["indices"] for st in states), dtype="<i8")
+    if not c.size:
+        return
+    if len(lengths) == 1:
+        bad = c.any() or int(i.min()) < 0 or int(i.max()) >= lengths[0]
+    else:
+        bad = int(c.min()) < 0 or int(c.max()) >= len(lengths)
+        bad = bad or bool(((i < 0) | (i >= np.asarray(lengths, dtype=np.int64)[c])).any())
+    if not bad:
+        return
+    wrong = (c < 0) | (c >= len(lengths))
+    if not wrong.any():
+        wrong = (i < 0) | (i >= np.asarray(lengths, dtype=np.int64)[c])
+    at = int(np.flatnonzero(wrong)[0])
+    for t in chunks:  # which chunk holds it
+        if at < t.size:
+            break
+        at -= t.size
+    p = sum(u.size for u in chunks[: chunks.index(t)]) + at
+    raise CheckpointError(
+        f"in-flight chunk {t.chunk_id} points at component {int(c[p])}, index {int(i[p])} "
+        f"(offset {at}), outside the datasets (lengths {list(lengths)})"
+    )

@@ -212,8 +212,44 @@ def test_a_lane_state_is_rebuilt_exactly_when_the_lane_moves(lanes: int) -> None
         for step in range(4 * lanes):
             next(pipe)
             if step % 7 == 0:
-                state = pipe.checkpoint()
-                assert state["lanes"] == _fresh_states(pipe)
+                with pipe._engine.lock:  # the pump pulls meanwhile: compare at one moment
+                    state = pipe.checkpoint()
+                    assert state["lanes"] == _fresh_states(pipe)
                 kept.append((state, copy.deepcopy(state)))
         # What an earlier checkpoint returned never changes as the lanes move on.
         assert all(state == copy_then for state, copy_then in kept)
+
+
+@pytest.mark.parametrize("components", [1, 2])
+def test_a_stored_pointer_outside_the_datasets_names_its_chunk_and_offset(components) -> None:
+    import zephon as zp
+    from zephon.errors import CheckpointError
+
+    datasets = [zp.ArraySource(np.arange(50 + 10 * c)) for c in range(components)]
+    src = zp.StaticMixtureWorkSource(datasets, seed=0, chunk_size=4)
+    with (
+        zp.Pipeline(src, canonical_replicas=1, flush_every_k_chunks=3)
+        .fetch()
+        .shuffle(buffer_size=64)
+        .batch(2) as pipe
+    ):
+        for _ in range(5):
+            next(pipe)
+        state = copy.deepcopy(pipe.checkpoint())
+    (lane,) = state["lanes"]
+    assert len(lane["inflight"]) >= 2
+    second = lane["inflight"][1]
+    indices = np.frombuffer(second["indices"], dtype="<i8").copy()
+    indices[2] = 10_000
+    second["indices"] = indices.tobytes()
+    again = zp.Pipeline(
+        zp.StaticMixtureWorkSource(datasets, seed=0, chunk_size=4),
+        canonical_replicas=1,
+        flush_every_k_chunks=3,
+    )
+    again = again.fetch().shuffle(buffer_size=64).batch(2)
+    with pytest.raises(CheckpointError) as info:
+        again.restore(state)
+    chunk = second["chunk_id"]
+    assert f"in-flight chunk {chunk} points at component" in str(info.value)
+    assert "index 10000 (offset 2), outside the datasets" in str(info.value)

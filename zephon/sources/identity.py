@@ -50,6 +50,7 @@ SAMPLE_ITEMS = 64  # items of an in-memory sequence (or rows of a table) digeste
 _DIGEST_BYTES = 8  # 16 hex digits: a check against accidents, not an adversary
 _MAX_DEPTH = 16  # nesting followed inside one item before it is described by type only
 _PLAIN = (type(None), bool, int, float, str)
+_WHOLE_BYTES = SAMPLE_BLOCK_BYTES * SAMPLE_BLOCKS  # sample_spans covers this much whole
 
 
 def _hasher() -> Any:
@@ -176,7 +177,9 @@ def _is_plain(value: Any) -> bool:
 def _feed(h: Any, value: Any, depth: int) -> None:
     """Feed a type-tagged, length-prefixed encoding of ``value`` to ``h``: equal data gives
     equal bytes in every process (never a repr that holds an address)."""
-    if depth > _MAX_DEPTH:
+    if type(value) is str:  # the common item: first
+        _feed_bytes(h, b"s", value.encode("utf-8", "surrogatepass"))
+    elif depth > _MAX_DEPTH:
         h.update(b"d")
     elif value is None:
         h.update(b"n")
@@ -216,9 +219,13 @@ def _feed(h: Any, value: Any, depth: int) -> None:
 
 
 def _feed_bytes(h: Any, tag: bytes, data: bytes) -> None:
-    h.update(tag + b"%d;" % len(data))
+    h.update(b"%s%d;" % (tag, len(data)))
+    if len(data) <= _WHOLE_BYTES:
+        h.update(data)
+        return
+    view = memoryview(data)
     for start, length in sample_spans(len(data)):
-        h.update(data[start : start + length])
+        h.update(view[start : start + length])
 
 
 def _feed_array(h: Any, array: np.ndarray, depth: int) -> None:
