@@ -23,7 +23,6 @@ import numpy as np
 
 from zephon.compile import Plan
 from zephon.errors import PipelineClosedError
-from zephon.operators.batch import Batch
 from zephon.runners.chain import ChainRunner, LaneCounts, LaneOutput
 from zephon.runners.lanes import LaneOutputs, schedule
 from zephon.tracking import LaneTracker
@@ -51,11 +50,8 @@ class LocalExecutor:
     def __init__(self, plan: Plan) -> None:
         cap = max(op.parallelism for op in plan.ops)
         self.pool = ThreadPoolExecutor(cap, thread_name_prefix="zephon-op") if cap > 1 else None
-        self.runner = ChainRunner([op.fresh() for op in plan.ops], self.pool)
-        for op in self.runner.ops:
-            if isinstance(op, Batch):
-                op.defer = True  # the first batch after a start or restore stacks alone
-        self.replay_filter = self.runner.ops[plan.filter_index]
+        self.runner = ChainRunner(plan, self.pool)
+        self.replay_filter = self.runner.replay_filter
         self.outputs = LaneOutputs(self.runner, _nothing, 0)
 
     def start(self, engine: Engine) -> None:

@@ -253,6 +253,7 @@ class Pipeline:
                 workers=self.workers,
                 prefetch=self.prefetch,
                 chunk_size=int(getattr(self.source, "chunk_size", 64)),
+                ring_slots=self.ring_slots,
             )
             ctx = PipelineContext(
                 datasets=tuple(getattr(self.source, "datasets", ())),

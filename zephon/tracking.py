@@ -28,7 +28,7 @@ from zephon.chunks import WorkChunk
 from zephon.errors import CheckpointError
 from zephon.records import Contributor, FlushSentinel, SampleCursor
 
-_NATIVE = load("_pack")  # ChunkTrack.add_run in C, for chunks of up to 64 samples
+_NATIVE = load("_track")  # ChunkTrack.add_run in C, for chunks of up to 64 samples
 
 MONOTONE = "monotone"
 EPOCH = "epoch"

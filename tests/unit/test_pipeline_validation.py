@@ -255,7 +255,7 @@ def test_replay_filter_is_named_after_the_last_operator_without_batch() -> None:
     text = zp.Pipeline(src).fetch().map(len).explain()
     assert "  map_replay_filter@p1" in text.splitlines()  # a stateful stage of its own
     text = zp.Pipeline(src).fetch().tokenize(zp.ByteTokenizer()).split(4).pack(4).explain()
-    assert "  pack@p1 -> pack_replay_filter@p1" in text.splitlines()
+    assert "  tokenize+split+pack@p1 -> pack_replay_filter@p1" in text.splitlines()
     assert "batch_replay_filter" not in text
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import atexit
 import builtins
 import ctypes
+import dataclasses
 import math
 import os
 import signal
@@ -44,8 +45,14 @@ import numpy as np
 
 from zephon.chunks import WorkChunk
 from zephon.errors import ShmError, WorkerError
-from zephon.operators.batch import Batch
-from zephon.records import BatchRecord, Contributor, FlushSentinel, Record, SampleCursor
+from zephon.records import (
+    BatchRecord,
+    Contributor,
+    FlushSentinel,
+    LazyRecord,
+    Record,
+    SampleCursor,
+)
 from zephon.replay import ReplayFilter
 from zephon.runners.chain import ChainRunner, LaneCounts, LaneOutput
 from zephon.runners.lanes import LaneOutputs, schedule
@@ -132,19 +139,15 @@ class _Worker:
         self.id = worker_id
         self.conn = conn
         self.ring = ring
-        ops = cfg["ops"]
+        plan = cfg["plan"]
         pool = None
-        cap = max(op.parallelism for op in ops)
+        cap = max(op.parallelism for op in plan.ops)
         if cap > 1:
             from concurrent.futures import ThreadPoolExecutor
 
             pool = ThreadPoolExecutor(cap, thread_name_prefix="zephon-op")
-        runner = ChainRunner(ops, pool)
-        for op in runner.ops:
-            if isinstance(op, Batch):
-                op.defer = True  # stacked when written: straight into a ring slot
-                op.allocate = self._allocate
-        filt = runner.ops[cfg["filter_index"]]
+        runner = ChainRunner(plan, pool)
+        filt = runner.replay_filter
         assert isinstance(filt, ReplayFilter)
         for lane, cursor in cfg["targets"].items():
             filt.set_target(int(lane), SampleCursor(int(lane), *cursor))
@@ -220,7 +223,8 @@ class _Worker:
             self._put(_pack(meta), [], f"the end of lane {out.lane}")
             return
         try:
-            data = rec.data  # a deferred batch stacks now, into a reserved slot
+            # A deferred batch stacks now, straight into a reserved slot.
+            data = rec.materialize(self._allocate) if isinstance(rec, LazyRecord) else rec.data
         except BaseException:
             if self._slot is not None:
                 self._slot.abort()
@@ -335,7 +339,7 @@ def worker_main(worker_id: int, conn: Any, ring_name: str, parent_pid: int) -> N
     ring = None
     try:
         cfg = dill.loads(payload[1])
-        cfg["ops"] = dill.loads(payload[0])
+        cfg["plan"] = dill.loads(payload[0])
         ring = ShmRing.attach(ring_name)
         worker = _Worker(worker_id, cfg, conn, ring)
         conn.send_bytes(_pack({"t": "ready"}))
@@ -546,11 +550,11 @@ class ProcessExecutor:
         try:
             # The operators (datasets included) are pickled once: each worker unpickles its
             # own fresh copy of them from the same bytes.
-            ops = dill.dumps([op.fresh() for op in self.plan.ops], recurse=True)
+            fresh = dataclasses.replace(self.plan, ops=[op.fresh() for op in self.plan.ops])
+            ops = dill.dumps(fresh, recurse=True)
             for wid in range(n):
                 mine = lanes[wid::n]
                 cfg = {
-                    "filter_index": self.plan.filter_index,
                     "targets": {
                         lane: list(self.targets[lane][1:]) for lane in mine if lane in self.targets
                     },
