@@ -329,6 +329,9 @@ class Pipeline:
                     nslots=self.ring_slots,
                     start_method=self.worker_start_method,
                     worker_timeout_s=self.worker_timeout_s,
+                    components=tuple(
+                        zip(getattr(self.source, "names", ()), getattr(self.source, "datasets", ()))
+                    ),
                 )
             else:
                 executor = LocalExecutor(plan)
