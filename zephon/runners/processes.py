@@ -31,6 +31,7 @@ import builtins
 import ctypes
 import math
 import os
+import select
 import signal
 import sys
 import threading
@@ -112,14 +113,38 @@ class _ParentGone(Exception):
     """The control pipe broke: the parent closed it or died."""
 
 
-def _die_with_parent(parent_pid: int) -> None:
+def _die_with_parent(parent_pid: int, via_forkserver: bool) -> None:
+    """Makes this worker end when the pipeline's process ``parent_pid`` ends.
+
+    ``PR_SET_PDEATHSIG`` sends SIGKILL when the thread that forked us ends: the parent's
+    keeper thread with spawn and fork. A forkserver's children are the server's, and the
+    server outlives the parent while any of them lives (each holds the server's "alive"
+    pipe), so a worker blocked on a full ring would keep it, and itself, alive forever:
+    there a thread waits on a pidfd of the parent instead.
+    """
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
     except OSError:
         pass  # not Linux: the control pipe's EOF still stops us
-    if parent_pid and os.getppid() != parent_pid:
-        os._exit(0)  # the parent died before the prctl took effect
+    if not via_forkserver:
+        if os.getppid() != parent_pid:
+            os._exit(0)  # the parent died before the prctl took effect
+        return
+    try:
+        pidfd = os.pidfd_open(parent_pid)
+    except ProcessLookupError:
+        os._exit(0)  # the parent is gone already
+    except (AttributeError, OSError):
+        return  # no pidfd (Linux < 5.3): the control pipe's EOF still stops a waiting worker
+    threading.Thread(
+        target=_exit_when_readable, args=(pidfd,), name="zephon-parent-watch", daemon=True
+    ).start()
+
+
+def _exit_when_readable(pidfd: int) -> None:
+    select.select([pidfd], [], [])  # a pidfd turns readable when its process exits
+    os._exit(0)
 
 
 def _slot_too_small(what: str, need: int, slot_bytes: int) -> ValueError:
@@ -319,7 +344,7 @@ def _report(conn: Any, e: BaseException, **extra: Any) -> None:
         pass  # the parent is gone or closed the pipe: nobody to tell
 
 
-def worker_main(worker_id: int, conn: Any, parent_pid: int) -> None:
+def worker_main(worker_id: int, conn: Any, parent_pid: int, via_forkserver: bool) -> None:
     """Entry point of a worker process.
 
     Its first three messages on ``conn`` are its configuration: the descriptors of its ring
@@ -330,7 +355,7 @@ def worker_main(worker_id: int, conn: Any, parent_pid: int) -> None:
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # so is preemption: see the module doc
-    _die_with_parent(parent_pid)
+    _die_with_parent(parent_pid, via_forkserver)
     import dill
 
     from zephon.runners.shipping import load_operators
@@ -553,8 +578,7 @@ class ProcessExecutor:
         n = min(self.num_workers, len(lanes))
         done = [lane for lane in lanes if engine.trackers[lane].done]
         launches: list[tuple[_Handle, Any, Any, bytes]] = []
-        # A forkserver's children are the server's, not ours: no parent check for them.
-        parent_pid = 0 if self.start_method == "forkserver" else os.getpid()
+        parent = (os.getpid(), self.start_method == "forkserver")  # see _die_with_parent
         try:
             # The operators are pickled once, datasets by reference: each worker unpickles
             # its own fresh copy of them from the same bytes.
@@ -579,7 +603,7 @@ class ProcessExecutor:
                     self.owner[lane] = h
                 proc = ctx.Process(
                     target=worker_main,
-                    args=(wid, child_conn, parent_pid),
+                    args=(wid, child_conn, *parent),
                     name=f"zephon-worker-{wid}",
                     daemon=True,
                 )
