@@ -48,6 +48,21 @@ def test_a_large_array_is_placed_once_in_shared_memory_and_read_only() -> None:
         a[0, 0] = 1.0
 
 
+def test_arrays_of_any_plain_dtype_are_shared() -> None:
+    n = 40_000  # every array 64 KiB or more
+    cases = (
+        np.arange(n).astype("datetime64[s]"),
+        np.zeros(n, dtype=[("a", "<i4"), ("b", "<f8")]),
+        np.arange(n, dtype=np.float16),
+        np.ones((n, 3), dtype=bool),
+    )
+    got, shipment = ship(cases)
+    assert shipment.shared_bytes >= sum(a.nbytes for a in cases)
+    for a, want in zip(got, cases, strict=True):
+        assert a.dtype == want.dtype and a.shape == want.shape
+        np.testing.assert_array_equal(a, want)
+
+
 def test_small_and_object_arrays_are_pickled_by_value() -> None:
     small = np.arange(SHARED_ARRAY_MIN_BYTES // 8 - 1, dtype=np.int64)
     objects = np.array([{"a": i} for i in range(20_000)], dtype=object)

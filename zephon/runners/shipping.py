@@ -74,14 +74,16 @@ class Shipment:
         self._placements = buffers.placements
 
     def place(self) -> Segment | None:
-        """Copies the buffers into a new shared segment (None when there are none); the
-        workers map it read-only. The caller keeps the segment open while workers start
-        and closes it at the end: holding the mapping keeps the copy in this process's
-        PSS, shared with the workers that map it."""
+        """Copies the buffers into a new shared segment, sealed read-only (None when there
+        are none). The caller keeps it open while the workers run and closes it at the
+        end: its mapping, populated at once, keeps the copy in this process's PSS, shared
+        with the workers that map it."""
         if not self._placements:
             return None
         try:
-            segment = create_segment(self.shared_bytes, name="zephon-data")
+            segment = create_segment(
+                self.shared_bytes, name="zephon-data", contents=self._placements
+            )
         except ShmError as e:
             raise ShmError(
                 e.errno,
@@ -89,14 +91,6 @@ class Shipment:
                 "placed once in shared memory for the worker processes; memory-mapped arrays "
                 "(np.load(path, mmap_mode='r')) are not copied",
             ) from e
-        try:
-            dst = np.frombuffer(segment.mmap, np.uint8)
-            for offset, src in self._placements:
-                dst[offset : offset + src.nbytes] = np.frombuffer(src, np.uint8)
-            del dst
-        except BaseException:
-            segment.close()
-            raise
         self._placements = []  # let go of the caller's arrays
         return segment
 
@@ -189,7 +183,9 @@ def _reduce_array(a: np.ndarray) -> Any:
     if not (a.flags.c_contiguous or a.flags.f_contiguous):
         a = np.ascontiguousarray(a)
     order = "F" if a.flags.f_contiguous and not a.flags.c_contiguous else "C"
-    return _shared_array, (pickle.PickleBuffer(a.view(np.ndarray)), a.dtype, a.shape, order)
+    # Its bytes in memory order, as uint8: every dtype (datetime64 too) exports those.
+    raw = a.reshape(-1, order="A").view(np.uint8).data
+    return _shared_array, (pickle.PickleBuffer(raw), a.dtype, a.shape, order)
 
 
 def _shared_array(buffer: Any, dtype: np.dtype, shape: tuple[int, ...], order: str) -> np.ndarray:
@@ -200,7 +196,9 @@ def _shared_array(buffer: Any, dtype: np.dtype, shape: tuple[int, ...], order: s
 def _mapped_file(a: np.ndarray) -> Any:
     """How a worker maps the file behind ``a`` again, or None when no file is behind it."""
     root: Any = a
-    while root is not None and not (isinstance(root, np.memmap) and isinstance(root.base, mmap.mmap)):
+    while root is not None and not (
+        isinstance(root, np.memmap) and isinstance(root.base, mmap.mmap)
+    ):
         root = root.base
     if root is None or root.filename is None:
         return None

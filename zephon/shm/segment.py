@@ -6,9 +6,10 @@ descriptor (``zephon.shm.fds`` sends it over a Unix socket). Nothing is ever cre
 process that holds the fd or a mapping of it exits, however it exits (SIGKILL included).
 No sweeper has to guess which owner is still alive.
 
-The memory is reserved with ``posix_fallocate`` at creation, so a full memory is an
-error here, not a SIGBUS on first touch; the size is sealed (``F_SEAL_SHRINK`` and
-``F_SEAL_GROW``), so no holder can truncate the segment under another's mapping. A
+The memory is reserved with ``posix_fallocate`` at creation (or written at once, for a
+segment created with its contents), so a full memory is an error here, not a SIGBUS on
+first touch; the size is sealed (``F_SEAL_SHRINK`` and ``F_SEAL_GROW``), so no holder can
+truncate the segment under another's mapping. A
 memfd is charged to the memory cgroup of its creator and is not bounded by the size of
 ``/dev/shm`` (a container's 64 MB ``/dev/shm`` does not matter); since the kernel's OOM
 killer rather than an error answers a reservation larger than memory, the size is first
@@ -25,9 +26,11 @@ import fcntl
 import mmap
 import os
 import sys
+from collections.abc import Iterable
 
 from zephon.errors import ShmError
 
+BytesLike = bytes | bytearray | memoryview
 _MEMINFO = "/proc/meminfo"
 # Memory cgroup limit and usage files, v2 then v1, as a container sees its own cgroup.
 _CGROUP_FILES = (
@@ -124,12 +127,27 @@ class Segment:
         return f"Segment(name={self.name!r}, size_bytes={self.size_bytes}, {mode}, {state})"
 
 
-def create_segment(size_bytes: int, *, name: str = "zephon") -> Segment:
-    """Creates, reserves, seals and maps (read-write) a new memfd of ``size_bytes``.
+def create_segment(
+    size_bytes: int,
+    *,
+    name: str = "zephon",
+    contents: Iterable[tuple[int, BytesLike]] | None = None,
+) -> Segment:
+    """Creates a new memfd of ``size_bytes``: reserved, sealed against resizing and mapped
+    read-write; or, given ``contents``, written once and sealed read-only.
+
+    Args:
+        size_bytes: the segment's size.
+        name: its label, in error messages and ``/proc/<pid>/fd``.
+        contents: ``(offset, bytes-like)`` pairs to write (what is not written reads as
+            zeros). The segment is then sealed against writes too (``F_SEAL_WRITE``) and
+            mapped read-only, its pages mapped at once: what the workers' shared datasets
+            use. Writing with ``pwrite`` allocates each page as it fills it, once, where
+            reserving then copying through a mapping touches each page twice.
 
     Raises:
-        ShmError: not Linux, not enough memory (checked first, then reserved), or the
-            memory cannot be mapped. The message quotes the sizes.
+        ShmError: not Linux, not enough memory (checked first, then reserved or written),
+            or the memory cannot be mapped. The message quotes the sizes.
     """
     if size_bytes <= 0:
         raise ValueError(f"segment size must be > 0 bytes; got {size_bytes}")
@@ -149,20 +167,56 @@ def create_segment(size_bytes: int, *, name: str = "zephon") -> Segment:
         )
     fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     try:
-        try:
-            os.posix_fallocate(fd, 0, size_bytes)
-        except OSError as e:
-            raise ShmError(
-                e.errno,
-                f"reserving {size_bytes} bytes for shared-memory segment {name!r} failed "
-                f"({e.strerror}); free memory or ask for less",
-            ) from e
-        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
-        mm = mmap.mmap(fd, size_bytes, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        seals = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
+        if contents is None:
+            _reserve(fd, size_bytes, name)
+            prot, flags = mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED
+        else:
+            os.ftruncate(fd, size_bytes)
+            _write(fd, size_bytes, contents, name)
+            seals |= fcntl.F_SEAL_WRITE
+            prot, flags = mmap.PROT_READ, mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+        mm = mmap.mmap(fd, size_bytes, flags=flags, prot=prot)
     except BaseException:
         os.close(fd)
         raise
-    return Segment(fd, mm, name, writable=True)
+    return Segment(fd, mm, name, writable=contents is None)
+
+
+def _reserve(fd: int, size_bytes: int, name: str) -> None:
+    try:
+        os.posix_fallocate(fd, 0, size_bytes)
+    except OSError as e:
+        raise ShmError(
+            e.errno,
+            f"reserving {size_bytes} bytes for shared-memory segment {name!r} failed "
+            f"({e.strerror}); free memory or ask for less",
+        ) from e
+
+
+_WRITE_BYTES = 64 << 20  # per pwrite call
+
+
+def _write(fd: int, size_bytes: int, contents: Iterable[tuple[int, BytesLike]], name: str) -> None:
+    for offset, data in contents:
+        view = memoryview(data).cast("B")
+        if offset < 0 or offset + view.nbytes > size_bytes:
+            raise ValueError(
+                f"{view.nbytes} bytes at offset {offset} do not fit segment {name!r} of "
+                f"{size_bytes} bytes"
+            )
+        done = 0
+        try:
+            while done < view.nbytes:
+                done += os.pwrite(fd, view[done : done + _WRITE_BYTES], offset + done)
+        except OSError as e:
+            raise ShmError(
+                e.errno,
+                f"writing {view.nbytes} bytes at offset {offset} of shared-memory segment "
+                f"{name!r} ({size_bytes} bytes) failed ({e.strerror}); free memory or ask "
+                "for less",
+            ) from e
 
 
 def attach_segment(fd: int, *, writable: bool = True) -> Segment:

@@ -61,6 +61,34 @@ def test_a_read_only_attach_cannot_write() -> None:
             del array
 
 
+def test_a_segment_created_with_its_contents_is_sealed_read_only() -> None:
+    payload = np.arange(3000, dtype=np.int64)
+    with create_segment(40_000, contents=[(0, b"head"), (8192, payload.data)]) as segment:
+        assert not segment.writable
+        assert segment.mmap[:4] == b"head" and segment.mmap[4:8192] == bytes(8188)
+        got = np.frombuffer(segment.mmap, np.int64, count=3000, offset=8192)
+        np.testing.assert_array_equal(got, payload)
+        del got
+        with pytest.raises(PermissionError):  # F_SEAL_WRITE: not even its creator may write
+            os.pwrite(segment.fileno(), b"x", 0)
+        with pytest.raises(PermissionError):
+            mmap.mmap(segment.fileno(), 40_000)  # nor map it writable
+        with attach_segment(os.dup(segment.fileno()), writable=False) as view:
+            assert view.mmap[:4] == b"head"
+    with pytest.raises(ValueError, match="4 bytes at offset 39998 do not fit segment"):
+        create_segment(40_000, contents=[(39_998, b"tail")])
+
+
+def test_a_failed_write_of_the_contents_is_a_shm_error(monkeypatch) -> None:
+    def full(fd: int, data: memoryview, offset: int) -> int:
+        raise OSError(errno.ENOMEM, "Cannot allocate memory")
+
+    monkeypatch.setattr(segment_module.os, "pwrite", full)
+    with pytest.raises(ShmError, match="writing 5 bytes at offset 0 of .* failed") as info:
+        create_segment(4096, name="zephon-data", contents=[(0, b"hello")])
+    assert info.value.errno == errno.ENOMEM
+
+
 def test_sizes_must_be_positive() -> None:
     with pytest.raises(ValueError, match="> 0 bytes; got 0"):
         create_segment(0)
