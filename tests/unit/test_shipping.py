@@ -21,9 +21,10 @@ from zephon.runners.shipping import SHARED_ARRAY_MIN_BYTES, Shipment, load_opera
 from zephon.shm import attach_segment
 
 
-def ship(obj: Any, components: list[tuple[str, Any]] | None = None) -> tuple[Any, Shipment]:
-    """``obj`` as a worker gets it, and the shipment it travelled in."""
-    shipment = pack_operators([obj], components or [])
+def ship(obj: Any, *, dataset: bool = True) -> tuple[Any, Shipment]:
+    """``obj`` as a worker gets it, and the shipment it travelled in: as a dataset of the
+    mixture (and referred to by the operators), or held by an operator only."""
+    shipment = pack_operators([obj], [("data", obj)] if dataset else [])
     segment = shipment.place()
     if segment is None:
         return load_operators(shipment.payload, None)[0], shipment
@@ -61,6 +62,23 @@ def test_arrays_of_any_plain_dtype_are_shared() -> None:
     for a, want in zip(got, cases, strict=True):
         assert a.dtype == want.dtype and a.shape == want.shape
         np.testing.assert_array_equal(a, want)
+
+
+def test_arrays_an_operator_holds_are_pickled_by_value_and_stay_writable() -> None:
+    state = np.zeros((512, 256))  # say, a buffer an operator fills
+    (got,), shipment = ship((state,), dataset=False)
+    assert shipment.shared_bytes == 0 and len(shipment.payload) > state.nbytes
+    got[0, 0] = 1.0
+    assert got.flags.writeable
+
+
+def test_a_dataset_referred_to_by_operators_travels_once() -> None:
+    rows = zp.ArraySource(np.random.default_rng(3).random((512, 256)))
+    shipment = pack_operators([("fetch", rows), ("other", [rows])], [("rows", rows)])
+    assert shipment.shared_bytes == 512 * 256 * 8 and len(shipment.payload) < 4_000
+    with shipment.place() as segment:
+        first, second = load_operators(shipment.payload, segment)
+    assert first[1] is second[1][0]
 
 
 def test_small_and_object_arrays_are_pickled_by_value() -> None:

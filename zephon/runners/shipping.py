@@ -1,7 +1,8 @@
 """How the operators, datasets included, reach the worker processes: by reference.
 
 The pipeline definition is pickled once with dill (so lambdas and closures work) and every
-worker unpickles its own copy. Data does not travel in that pickle:
+worker unpickles its own copy. Each dataset of the work source's mixture is pickled on its
+own, and its data does not travel in that pickle:
 
 - a numpy array backed by a file (``np.load(path, mmap_mode="r")``, ``np.memmap``, or a
   view of one) travels as its path and place in the file, and each worker maps the file
@@ -14,6 +15,10 @@ worker unpickles its own copy. Data does not travel in that pickle:
   (the reopen protocol, below);
 - everything else pickles as usual. The built-in file sources hold paths and small
   indexes (the indexes' arrays go through shared memory), never their files' contents.
+
+The operators' pickle refers to those datasets; the arrays an operator holds itself (its
+state, a lookup table) are pickled by value, so each worker's copy stays writable, unless
+a file is behind them (mapped again, read-only) or their class defines the protocol.
 
 The reopen protocol: a dataset that must not be copied into the workers, or cannot be
 (it holds an open connection, a client, a handle that does not pickle), says how a
@@ -60,8 +65,8 @@ _ALIGN = 64  # bytes: each shared buffer starts on a cache line
 
 
 class Shipment:
-    """The pickled operators and the buffers they reference, until :meth:`place` copies
-    those into shared memory.
+    """The pickled operators and the dataset buffers they reference, until :meth:`place`
+    copies those into shared memory.
 
     Attributes:
         payload: what every worker receives and gives to :func:`load_operators`.
@@ -96,88 +101,133 @@ class Shipment:
 
 
 class _Buffers:
-    """Out-of-band buffers of one pickle: where each goes in the shared segment, in the
-    order the pickle consumes them. The same memory referenced twice is placed once."""
+    """Where the out-of-band buffers of the datasets' pickles go in the shared segment;
+    the same memory referenced twice is placed once."""
 
     def __init__(self) -> None:
         self.size_bytes = 0
-        self.table: list[list[int]] = []  # [offset, nbytes] per buffer, in pickle order
         self.placements: list[tuple[int, memoryview]] = []
         self._offsets: dict[tuple[int, int], int] = {}
 
-    def add(self, buffer: pickle.PickleBuffer) -> bool:
-        """The pickler's ``buffer_callback``: False sends ``buffer`` out of band."""
-        raw = buffer.raw()
-        if raw.nbytes < SHARED_ARRAY_MIN_BYTES:
-            return True  # in band: small enough to copy into every worker
+    def place(self, raw: memoryview) -> list[int]:
+        """``[offset, nbytes]`` of ``raw`` in the segment."""
         key = (np.frombuffer(raw, np.uint8).ctypes.data, raw.nbytes)
         offset = self._offsets.get(key)
         if offset is None:
             offset = self._offsets[key] = self.size_bytes
             self.placements.append((offset, raw))
             self.size_bytes = -(-(offset + raw.nbytes) // _ALIGN) * _ALIGN
-        self.table.append([offset, raw.nbytes])
-        return False
+        return [offset, raw.nbytes]
 
 
 class _Pickler(dill.Pickler):  # type: ignore[misc]
-    def __init__(self, file: io.BytesIO, buffers: _Buffers) -> None:
-        super().__init__(file, protocol=5, buffer_callback=buffers.add, recurse=True)
+    """dill with the rules of this module. With ``buffers`` (a dataset's pickle) large
+    arrays and buffers go out of band into them, listed in ``table`` in the order the
+    pickle consumes them; without (the operators' pickle) they are pickled by value, and
+    the datasets in ``datasets`` (by ``id``) become references to their own pickles."""
+
+    def __init__(
+        self, file: io.BytesIO, buffers: _Buffers | None, datasets: dict[int, int]
+    ) -> None:
+        super().__init__(file, protocol=5, buffer_callback=self._out_of_band, recurse=True)
+        self._buffers = buffers
+        self._datasets = datasets
+        self.table: list[list[int]] = []
+
+    def _out_of_band(self, buffer: pickle.PickleBuffer) -> bool:
+        raw = buffer.raw()
+        if self._buffers is None or raw.nbytes < SHARED_ARRAY_MIN_BYTES:
+            return True  # in band: small, or not a dataset's
+        self.table.append(self._buffers.place(raw))
+        return False
+
+    def persistent_id(self, obj: Any) -> Any:
+        return self._datasets.get(id(obj))
 
     def reducer_override(self, obj: Any) -> Any:
         if isinstance(obj, np.ndarray):
-            return _reduce_array(obj)
+            return _reduce_array(obj, shared=self._buffers is not None)
         reopen = getattr(type(obj), REOPEN_METHOD, None)
         if reopen is not None:
             return _recipe(obj, reopen(obj))
         return NotImplemented
 
 
-def _dumps(obj: Any, buffers: _Buffers) -> bytes:
+def _dumps(
+    obj: Any, buffers: _Buffers | None, datasets: dict[int, int] | None = None
+) -> tuple[bytes, list[list[int]]]:
+    """``obj`` pickled, and where its out-of-band buffers are."""
     out = io.BytesIO()
-    _Pickler(out, buffers).dump(obj)
-    return out.getvalue()
+    pickler = _Pickler(out, buffers, datasets or {})
+    pickler.dump(obj)
+    return out.getvalue(), pickler.table
+
+
+class _Unpickler(dill.Unpickler):  # type: ignore[misc]
+    def __init__(self, data: bytes, buffers: list[memoryview], datasets: list[Any]) -> None:
+        super().__init__(io.BytesIO(data), buffers=buffers)
+        self._datasets = datasets
+
+    def persistent_load(self, pid: Any) -> Any:
+        return self._datasets[pid]
 
 
 def pack_operators(ops: Sequence[Any], components: Sequence[tuple[str, Any]] = ()) -> Shipment:
-    """Pickles ``ops`` for the workers, datasets by reference.
+    """Pickles ``ops`` for the workers, the mixture's datasets by reference: each dataset
+    in a pickle of its own, its large arrays bound for shared memory; the operators in
+    another, referring to the datasets (and pickling any other array by value, so that
+    what an operator keeps stays writable).
 
     Args:
         ops: the operators, as each worker will run them.
-        components: ``(name, dataset)`` of the mixture, to name the one that cannot travel.
+        components: ``(name, dataset)`` of the work source's mixture.
 
     Raises:
-        TransferError: something in ``ops`` cannot be pickled; it names the component or
-            the operator.
+        TransferError: something cannot be pickled; it names the component or the operator.
     """
     buffers = _Buffers()
+    datasets: list[list[Any]] = []
+    for name, dataset in components:
+        try:
+            datasets.append(list(_dumps(dataset, buffers)))
+        except Exception as e:  # noqa: BLE001 - any pickling failure: name the dataset
+            raise _component_error(name, dataset, e) from e
+    index = {id(dataset): i for i, (_, dataset) in reversed(list(enumerate(components)))}
     try:
-        data = _dumps(list(ops), buffers)
+        pickled, _ = _dumps(list(ops), None, index)
     except Exception as e:  # noqa: BLE001 - any pickling failure: find out whose
-        raise _culprit(e, ops, components) from e
-    return Shipment(msgpack.packb({"pickle": data, "buffers": buffers.table}), buffers)
+        raise _operator_error(e, ops, index) from e
+    payload = msgpack.packb({"datasets": datasets, "ops": pickled})
+    return Shipment(payload, buffers)
 
 
 def load_operators(payload: bytes, segment: Segment | None) -> list[Any]:
-    """The operators from a :class:`Shipment`'s payload, their shared arrays mapped from
-    ``segment`` (read-only; it must stay open while they are in use)."""
+    """The operators from a :class:`Shipment`'s payload, the datasets' shared arrays
+    mapped from ``segment`` (read-only; it must stay open while they are in use)."""
     shipped = msgpack.unpackb(payload)
-    table = shipped["buffers"]
-    if table and segment is None:
-        raise ShmError(f"the pipeline references {len(table)} shared buffers but no segment came")
     view = memoryview(segment.mmap) if segment is not None else memoryview(b"")
-    buffers = [view[offset : offset + nbytes] for offset, nbytes in table]
-    ops: list[Any] = dill.loads(shipped["pickle"], buffers=buffers)
+    datasets = []
+    for pickled, table in shipped["datasets"]:
+        if any(offset + nbytes > len(view) for offset, nbytes in table):
+            raise ShmError(
+                f"a dataset's arrays lie beyond the shared segment ({len(view)} bytes): the "
+                "segment that came is not the one the pipeline was packed with"
+            )
+        buffers = [view[offset : offset + nbytes] for offset, nbytes in table]
+        datasets.append(_Unpickler(pickled, buffers, []).load())
+    ops: list[Any] = _Unpickler(shipped["ops"], [], datasets).load()
     return ops
 
 
 # ----------------------------------------------------------------------------- arrays
-def _reduce_array(a: np.ndarray) -> Any:
+def _reduce_array(a: np.ndarray, shared: bool) -> Any:
     if a.nbytes < SHARED_ARRAY_MIN_BYTES or a.dtype.hasobject:
         return NotImplemented  # pickled by value
     mapped = _mapped_file(a)
     if mapped is not None:
         return mapped
+    if not shared:  # by value; a memory map without a file as the plain array it maps
+        return (np.array, (a.view(np.ndarray),)) if isinstance(a, np.memmap) else NotImplemented
     if type(a) is not np.ndarray and not isinstance(a, np.memmap):
         return NotImplemented  # a subclass with its own state (masked arrays, ...)
     if not (a.flags.c_contiguous or a.flags.f_contiguous):
@@ -273,26 +323,23 @@ def _short_repr(obj: Any, limit: int = 120) -> str:
     return text if len(text) <= limit else f"{text[: limit - 3]}..."
 
 
-def _culprit(
-    error: Exception, ops: Sequence[Any], components: Sequence[tuple[str, Any]]
+def _component_error(name: str, dataset: Any, error: Exception) -> TransferError:
+    cls = type(dataset).__name__
+    return TransferError(
+        f"mixture component {name!r} ({_short_repr(dataset)}) cannot be sent to the worker "
+        f"processes: {type(error).__name__}: {error}. Give {cls} a {REOPEN_METHOD}(self) "
+        "method returning (factory, args), so that each worker builds its own copy as "
+        f"factory(*args) (e.g. `return {cls}, (self.path,)`), or use Pipeline(workers=0)"
+    )
+
+
+def _operator_error(
+    error: Exception, ops: Sequence[Any], datasets: dict[int, int]
 ) -> TransferError:
-    """The error naming what in ``ops`` cannot be pickled (tried one by one)."""
-    why = f"{type(error).__name__}: {error}"
-    for name, dataset in components:
-        try:
-            _dumps(dataset, _Buffers())
-        except Exception as e:  # noqa: BLE001 - this is the one
-            cls = type(dataset).__name__
-            return TransferError(
-                f"mixture component {name!r} ({_short_repr(dataset)}) cannot be sent to the "
-                f"worker processes: {type(e).__name__}: {e}. Give {cls} a "
-                f"{REOPEN_METHOD}(self) method returning (factory, args), so that each worker "
-                f"builds its own copy as factory(*args) (e.g. `return {cls}, (self.path,)`), "
-                "or use Pipeline(workers=0)"
-            )
+    """The error naming the operator that cannot be pickled (tried one by one)."""
     for position, op in enumerate(ops):
         try:
-            _dumps(op, _Buffers())
+            _dumps(op, None, datasets)
         except Exception as e:  # noqa: BLE001 - this is the one
             return TransferError(
                 f"operator {getattr(op, 'name', type(op).__name__)!r} (position {position}, "
@@ -303,6 +350,6 @@ def _culprit(
                 "(factory, args), or use Pipeline(workers=0)"
             )
     return TransferError(
-        f"the pipeline cannot be sent to the worker processes ({why}); use Pipeline(workers=0) "
-        "or make what it holds picklable"
+        f"the pipeline cannot be sent to the worker processes ({type(error).__name__}: "
+        f"{error}); use Pipeline(workers=0) or make what it holds picklable"
     )
