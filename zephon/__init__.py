@@ -12,6 +12,7 @@ from zephon.errors import (
     PipelineClosedError,
     RingError,
     ShmError,
+    TransferError,
     WorkerError,
     ZephonError,
 )
@@ -58,6 +59,7 @@ __all__ = [
     "StaticMixtureWorkSource",
     "TokenFileSource",
     "Tombstone",
+    "TransferError",
     "WorkChunk",
     "WorkSource",
     "WorkerError",

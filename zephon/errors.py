@@ -33,6 +33,11 @@ class ShmError(ZephonError, OSError):
     """Shared memory could not be created, mapped or used."""
 
 
+class TransferError(ZephonError, TypeError):
+    """A dataset or an operator cannot be sent to the worker processes (it cannot be
+    pickled); the message names the mixture component or the operator, and the fix."""
+
+
 class RingError(ZephonError, RuntimeError):
     """The shared-memory ring is in a state it cannot recover from (bad header, closed)."""
 

@@ -55,7 +55,9 @@ class Pipeline:
         canonical_replicas: the number of lanes, fixed for the life of a training run.
         flush_every_k_chunks: chunks per epoch of a lane; ``None`` picks 4 when an operator
             reorders records and 0 otherwise.
-        workers: worker processes for this rank (0: run in this process).
+        workers: worker processes for this rank (0: run in this process). Datasets reach
+            them by reference (memory-mapped files reopened, in-memory arrays shared once;
+            a dataset may define ``__zephon_reopen__``: see ``zephon.runners.shipping``).
         rank, world_size, dp_rank, dp_size: this process's place in a multi-host job;
             default to JAX's process index/count when ``jax.distributed`` is initialised.
         output: ``"interleave"`` (one lane's batch per step, round-robin) or ``"lockstep"``
@@ -330,11 +332,18 @@ class Pipeline:
                     nslots=self.ring_slots,
                     start_method=self.worker_start_method,
                     worker_timeout_s=self.worker_timeout_s,
+                    components=self._components(),
                 )
             else:
                 executor = LocalExecutor(plan)
             self._engine = Engine(plan, trackers, self.output, self.prefetch, executor)
         return self._engine
+
+    def _components(self) -> tuple[tuple[str, Any], ...]:
+        """``(name, dataset)`` of the work source's mixture, to name a dataset in errors."""
+        datasets = tuple(getattr(self.source, "datasets", ()))
+        names = tuple(getattr(self.source, "names", ())) or tuple(map(str, range(len(datasets))))
+        return tuple(zip(names, datasets, strict=False))
 
     # ------------------------------------------------------------ iterate
     def __iter__(self) -> Pipeline:

@@ -6,7 +6,8 @@ hands them on request, over a control pipe carrying msgpack. Finished batches co
 through one shared-memory ring per worker: ``batch`` stacks rows straight into a reserved
 ring slot, and the metadata (contributors, tombstones, the replay cursor) travels as
 msgpack in the same slot. No pickle on the data path; the pipeline definition itself is
-shipped once at start-up with dill, so lambdas and closures work.
+shipped once at start-up with dill, so lambdas and closures work, and datasets travel by
+reference (``shipping.py``: memory-mapped files reopened, in-memory arrays shared once).
 
 A worker writes its outputs in exactly the order the parent will consume them (the rank's
 round-robin restricted to the worker's lanes, or every lane per step in lockstep), so the
@@ -17,9 +18,10 @@ parent's ``next()`` within seconds (a raised builtin exception keeps its type: t
 raises a class that is both, e.g. ``ValueError`` and ``WorkerError``). Workers die with the
 parent: ``PR_SET_PDEATHSIG`` fires when the *thread* that forked a child ends, so the
 workers are started from a keeper thread that lives until ``close()``, and control-pipe EOF
-stops a worker waiting for work. Workers ignore SIGINT (the parent handles Ctrl-C). The
-parent unlinks every ring on ``close()``, at interpreter exit, or when the pipeline is
-collected; a sweeper removes rings of dead parents.
+stops a worker waiting for work. Workers ignore SIGINT and SIGTERM: Ctrl-C and preemption
+are the parent's to handle (its own SIGTERM handler, if any, may still checkpoint), and
+its end ends them. Rings and the shared datasets are anonymous memfds handed to each worker
+over its control pipe: no kill of any process can leave a segment behind.
 """
 
 from __future__ import annotations
@@ -30,14 +32,15 @@ import ctypes
 import dataclasses
 import math
 import os
+import select
 import signal
 import sys
 import threading
 import time
 import traceback
 from collections import deque
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 from weakref import WeakSet
 
 import msgpack
@@ -56,6 +59,10 @@ from zephon.records import (
 from zephon.replay import ReplayFilter
 from zephon.runners.chain import ChainRunner, LaneCounts, LaneOutput
 from zephon.runners.lanes import LaneOutputs, schedule
+
+if TYPE_CHECKING:
+    from zephon.runners.shipping import Shipment
+    from zephon.shm import Segment
 
 LOOKAHEAD_FEEDS = 2  # feed units a worker keeps requested per lane, to hide the round trip
 DEFAULT_SLOT_BYTES = 4 << 20
@@ -113,14 +120,38 @@ class _ParentGone(Exception):
     """The control pipe broke: the parent closed it or died."""
 
 
-def _die_with_parent(parent_pid: int) -> None:
+def _die_with_parent(parent_pid: int, via_forkserver: bool) -> None:
+    """Makes this worker end when the pipeline's process ``parent_pid`` ends.
+
+    ``PR_SET_PDEATHSIG`` sends SIGKILL when the thread that forked us ends: the parent's
+    keeper thread with spawn and fork. A forkserver's children are the server's, and the
+    server outlives the parent while any of them lives (each holds the server's "alive"
+    pipe), so a worker blocked on a full ring would keep it, and itself, alive forever:
+    there a thread waits on a pidfd of the parent instead.
+    """
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
     except OSError:
         pass  # not Linux: the control pipe's EOF still stops us
-    if parent_pid and os.getppid() != parent_pid:
-        os._exit(0)  # the parent died before the prctl took effect
+    if not via_forkserver:
+        if os.getppid() != parent_pid:
+            os._exit(0)  # the parent died before the prctl took effect
+        return
+    try:
+        pidfd = os.pidfd_open(parent_pid)
+    except ProcessLookupError:
+        os._exit(0)  # the parent is gone already
+    except (AttributeError, OSError):
+        return  # no pidfd (Linux < 5.3): the control pipe's EOF still stops a waiting worker
+    threading.Thread(
+        target=_exit_when_readable, args=(pidfd,), name="zephon-parent-watch", daemon=True
+    ).start()
+
+
+def _exit_when_readable(pidfd: int) -> None:
+    select.select([pidfd], [], [])  # a pidfd turns readable when its process exits
+    os._exit(0)
 
 
 def _slot_too_small(what: str, need: int, slot_bytes: int) -> ValueError:
@@ -317,30 +348,35 @@ def _report(conn: Any, e: BaseException, **extra: Any) -> None:
         pass  # the parent is gone or closed the pipe: nobody to tell
 
 
-def worker_main(worker_id: int, conn: Any, ring_name: str, parent_pid: int) -> None:
+def worker_main(worker_id: int, conn: Any, parent_pid: int, via_forkserver: bool) -> None:
     """Entry point of a worker process.
 
-    Its first two messages on ``conn`` are its configuration: the operators, then the rest
-    (see ``ProcessExecutor._keep``).
+    Its first three messages on ``conn`` are its configuration: the descriptors of its ring
+    and of the shared datasets, the operators, then the rest (see ``ProcessExecutor._keep``).
     The only clean ends are the parent's ``stop`` message, the parent closing the control
     pipe or the ring (both happen in ``close()``), or the parent's death. Anything else,
     including a user function calling ``sys.exit``, is reported to the parent.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    _die_with_parent(parent_pid)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # so is preemption: see the module doc
+    _die_with_parent(parent_pid, via_forkserver)
     import dill
 
-    from zephon.shm import RingClosedError, ShmRing
+    from zephon.runners.shipping import load_operators
+    from zephon.shm import RingClosedError, ShmRing, attach_segment, recv_fds
 
     try:
+        fds = recv_fds(conn)
         payload = conn.recv_bytes(), conn.recv_bytes()
     except (EOFError, OSError):
         return  # the parent closed before handing the configuration over
     ring = None
     try:
+        ring = ShmRing.attach(fds[0])
+        data = attach_segment(fds[1], writable=False) if len(fds) > 1 else None
         cfg = dill.loads(payload[1])
-        cfg["plan"] = dill.loads(payload[0])
-        ring = ShmRing.attach(ring_name)
+        # The plan travels without its operators, which come by their own route.
+        cfg["plan"] = dataclasses.replace(cfg["plan"], ops=load_operators(payload[0], data))
         worker = _Worker(worker_id, cfg, conn, ring)
         conn.send_bytes(_pack({"t": "ready"}))
         worker.run()
@@ -496,8 +532,10 @@ class ProcessExecutor:
         nslots: int = 4,
         start_method: str = "spawn",
         worker_timeout_s: float = 60.0,
+        components: Sequence[tuple[str, Any]] = (),
     ) -> None:
         self.plan = plan
+        self.components = components  # (name, dataset): to name one that cannot travel
         self.num_workers = workers
         self.zero_copy = zero_copy
         self.slot_bytes = slot_bytes
@@ -518,6 +556,7 @@ class ProcessExecutor:
         self._engine_stop: threading.Event | None = None
         self._closed = False
         self._pull: Callable[[int], list[Any]] | None = None
+        self._data: Segment | None = None  # the datasets' shared arrays, once placed
 
     def set_target(self, lane: int, cursor: Any) -> None:
         if cursor is None:
@@ -529,9 +568,8 @@ class ProcessExecutor:
         import dill
         import multiprocess
 
-        from zephon.shm import sweep_stale_segments
+        from zephon.runners.shipping import pack_operators
 
-        sweep_stale_segments()
         self._pull = engine.pull
         self._engine_stop = engine.stopping  # the pump must not wait on a worker once it is set
         ctx = multiprocess.get_context(self.start_method)
@@ -544,17 +582,17 @@ class ProcessExecutor:
         lanes = engine.lanes
         n = min(self.num_workers, len(lanes))
         done = [lane for lane in lanes if engine.trackers[lane].done]
-        launches: list[tuple[_Handle, Any, Any, tuple[bytes, bytes]]] = []
-        # A forkserver's children are the server's, not ours: no parent check for them.
-        parent_pid = 0 if self.start_method == "forkserver" else os.getpid()
+        launches: list[tuple[_Handle, Any, Any, bytes]] = []
+        parent = (os.getpid(), self.start_method == "forkserver")  # see _die_with_parent
         try:
-            # The operators (datasets included) are pickled once: each worker unpickles its
-            # own fresh copy of them from the same bytes.
-            fresh = dataclasses.replace(self.plan, ops=[op.fresh() for op in self.plan.ops])
-            ops = dill.dumps(fresh, recurse=True)
+            # The operators are pickled once, datasets by reference: each worker unpickles
+            # its own fresh copy of them from the same bytes; the plan goes without them.
+            shipment = pack_operators([op.fresh() for op in self.plan.ops], self.components)
+            plan = dataclasses.replace(self.plan, ops=[])
             for wid in range(n):
                 mine = lanes[wid::n]
                 cfg = {
+                    "plan": plan,
                     "targets": {
                         lane: list(self.targets[lane][1:]) for lane in mine if lane in self.targets
                     },
@@ -563,8 +601,7 @@ class ProcessExecutor:
                     "start_lane": engine.next_lane,
                     "done": [lane for lane in mine if lane in done],
                 }
-                payload = (ops, dill.dumps(cfg, recurse=True))
-                ring = self._create_ring(n)
+                ring = self._create_ring(wid, n)
                 parent_conn, child_conn = ctx.Pipe(duplex=True)
                 h = _Handle(wid, parent_conn, ring, mine)
                 self.handles.append(h)
@@ -572,15 +609,15 @@ class ProcessExecutor:
                     self.owner[lane] = h
                 proc = ctx.Process(
                     target=worker_main,
-                    args=(wid, child_conn, ring.name, parent_pid),
+                    args=(wid, child_conn, *parent),
                     name=f"zephon-worker-{wid}",
                     daemon=True,
                 )
-                launches.append((h, proc, child_conn, payload))
+                launches.append((h, proc, child_conn, dill.dumps(cfg, recurse=True)))
             # PR_SET_PDEATHSIG fires when the thread that forked a worker ends, not the
             # process: fork from a thread that lives until close(), never the caller's.
             self._keeper = threading.Thread(
-                target=self._keep, args=(launches,), name="zephon-workers", daemon=True
+                target=self._keep, args=(launches, shipment), name="zephon-workers", daemon=True
             )
             self._keeper.start()
             while not self._spawned.wait(_POLL_S):
@@ -596,23 +633,23 @@ class ProcessExecutor:
         self._feeder = threading.Thread(target=self._feed_loop, name="zephon-feeder", daemon=True)
         self._feeder.start()
 
-    def _create_ring(self, n: int) -> Any:
+    def _create_ring(self, wid: int, n: int) -> Any:
         from zephon.shm import ShmRing
 
         try:
-            return ShmRing.create(self.nslots, self.slot_bytes)
+            return ShmRing.create(self.nslots, self.slot_bytes, name=f"zephon-ring-{wid}")
         except ShmError as e:
             why = (
                 f"{e.strerror or e}. Pipeline(workers={self.num_workers}) makes one ring per worker "
                 f"({n} rings) of {self.nslots} slots of ring_slot_bytes={self.slot_bytes} bytes "
                 "(Pipeline(ring_slots=...)): lower ring_slot_bytes, ring_slots or workers, or "
-                "free space in /dev/shm"
+                "free memory"
             )
             raise (ShmError(why) if e.errno is None else ShmError(e.errno, why)) from e
 
-    def _keep(self, launches: list[tuple[_Handle, Any, Any, tuple[bytes, bytes]]]) -> None:
-        """The keeper thread: starts the workers, hands each its configuration, then lives
-        until close() is done.
+    def _keep(self, launches: list[tuple[_Handle, Any, Any, bytes]], shipment: Shipment) -> None:
+        """The keeper thread: starts the workers, places the shared datasets while they
+        boot, hands each its configuration, then lives until close() is done.
 
         The configuration (operators, datasets: often megabytes) goes over the control pipe
         once the process runs, never in the process object: the start method writes that
@@ -621,35 +658,44 @@ class ProcessExecutor:
         block the parent forever. On the control pipe its death is an error.
         """
         try:
-            started: list[tuple[_Handle, tuple[bytes, bytes]]] = []
+            started: list[tuple[_Handle, bytes]] = []
             try:
-                for h, proc, _, payload in launches:
+                for h, proc, _, cfg in launches:
                     if self._closed:
                         break
                     proc.start()
                     h.proc = proc
-                    started.append((h, payload))
+                    started.append((h, cfg))
             finally:
                 for _, _, child_conn, _ in launches:
                     child_conn.close()  # the children hold their own ends
                 self._started.set()
-            for h, payload in started:
+            if started and not self._closed:
+                self._data = shipment.place()
+            for h, cfg in started:
                 if self._closed:
                     break
-                self._hand_over(h, payload)
+                self._hand_over(h, shipment.payload, cfg)
         except BaseException as e:  # noqa: BLE001 - re-raised by start()
             self._spawn_error = e
         finally:
             self._spawned.set()
         self._release.wait()
+        if self._data is not None:
+            self._data.close()  # the workers are gone: nobody maps the datasets any more
 
-    def _hand_over(self, h: _Handle, payload: tuple[bytes, bytes]) -> None:
-        """Sends worker ``h`` its configuration (the operators, then the rest); a worker
-        that died first is an error."""
+    def _hand_over(self, h: _Handle, ops: bytes, cfg: bytes) -> None:
+        """Sends worker ``h`` its configuration (the descriptors of its ring and of the
+        shared datasets, the operators, then the rest); a worker that died first is an
+        error."""
+        from zephon.shm import send_fds
+
+        data = [] if self._data is None else [self._data.fileno()]
         with h.lock:  # close() may send "stop" meanwhile
             try:
-                for part in payload:
-                    h.conn.send_bytes(part)
+                send_fds(h.conn, [h.ring.fileno(), *data])
+                h.conn.send_bytes(ops)
+                h.conn.send_bytes(cfg)
                 h.configured = True
                 return
             except (OSError, ValueError):
@@ -847,7 +893,7 @@ class ProcessExecutor:
         }
 
     def close(self) -> None:
-        """Stops the workers (SIGKILL after a short grace), unlinks the rings. Idempotent."""
+        """Stops the workers (SIGKILL after a short grace), closes the rings. Idempotent."""
         if self._closed:
             return
         self._closed = True
@@ -879,7 +925,6 @@ class ProcessExecutor:
                 h.conn.close()
             except OSError:
                 pass
-            h.ring.unlink()
         self._release.set()
         if self._keeper is not None and self._keeper is not me:
             self._keeper.join(timeout=1)

@@ -17,6 +17,11 @@ class ArraySource:
     A numpy array is kept as is (not copied) and ``ds[i]`` returns its row ``i``; any
     other iterable is copied into a tuple, so later changes to the caller's list cannot
     change what a resumed run reads.
+
+    With worker processes a numpy array is not copied into each worker: a memory-mapped
+    one (``np.load(path, mmap_mode="r")``) is mapped again from its file, any other of
+    64 KiB or more is placed once in shared memory that the workers map read-only. A
+    tuple of Python objects is pickled into every worker.
     """
 
     def __init__(self, items: np.ndarray | Iterable[Any]) -> None:

@@ -31,8 +31,8 @@ class HFSource:
     A dataset loaded from disk (``load_from_disk``, :meth:`from_disk`, or the cache that
     ``load_dataset`` writes) is memory-mapped and pickles by file path, so worker
     processes open the same files. A dataset built in memory (``Dataset.from_dict``)
-    pickles its whole table into every worker: save it with ``save_to_disk`` and use
-    :meth:`from_disk` when running with ``workers > 0``.
+    reaches the workers as one copy of its Arrow buffers in shared memory; saving it with
+    ``save_to_disk`` and using :meth:`from_disk` avoids even that copy.
 
     Args:
         dataset: a ``datasets.Dataset`` (one split, not a ``DatasetDict``; not streaming).
