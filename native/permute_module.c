@@ -1,4 +1,5 @@
-/* zephon._permute: the Feistel permutation of zephon/work_sources/permutation.py in C.
+/* zephon._permute: the Feistel permutation of zephon/work_sources/permutation.py in C, and
+ * the interleaving of a mixture's components (zephon/work_sources/interleave.py).
  *
  * permute_into(positions, out, n, half_bits, round_keys) writes to `out` (a writable,
  * contiguous uint64 buffer) the image of every element of `positions` (a contiguous
@@ -7,6 +8,12 @@
  * the very function the Python module computes (the tests compare them); only faster:
  * one pass per element instead of a few dozen numpy calls per cycle-walk step. The
  * GIL is released while it runs.
+ *
+ * mixture_picks(...) deals up to k samples of one lane of a mixture: each pick takes the
+ * component at the top of a min-heap of passes, finds its next sample (the permutation
+ * above, its keys derived from the seed as mix64 does) and its token count, and moves the
+ * component's pass on. The arrays belong to the Python caller; see interleave.py for the
+ * same function in Python and what every argument means.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -116,15 +123,365 @@ done:
     return result;
 }
 
+/* ---------------------------------------------------------------- mixture_picks */
+
+#define GOLDEN UINT64_C(0x9E3779B97F4A7C15)
+#define PICK_ROUNDS 6 /* permutation.NUM_ROUNDS */
+
+#define FLAG_SHUFFLE 1
+#define FLAG_TOKEN_UNITS 2
+#define FLAG_STOP_ON_EXHAUST 4
+
+#define CODE_SIZE_MASK 0x0F
+#define CODE_SIGNED 0x10
+#define CODE_OFFSETS 0x20
+
+/* permutation.mix64(a, b, c): the argument count, then each argument, through fmix64. */
+static inline uint64_t mix64_3(uint64_t a, uint64_t b, uint64_t c) {
+    uint64_t h = fmix64(UINT64_C(3) * GOLDEN);
+    h = fmix64((h + GOLDEN) ^ a);
+    h = fmix64((h + GOLDEN) ^ b);
+    return fmix64((h + GOLDEN) ^ c);
+}
+
+static inline unsigned half_bits_of(uint64_t n) {
+    unsigned bits = 0;
+    for (uint64_t m = n - 1; m; m >>= 1) {
+        bits++;
+    }
+    if (bits < 2) {
+        bits = 2;
+    }
+    return (bits + 1) / 2;
+}
+
+/* The dataset index of sample `within` of a dataset epoch of n samples under `key`. */
+static inline uint64_t permuted(uint64_t within, uint64_t n, uint64_t key) {
+    if (n == 1) {
+        return 0;
+    }
+    unsigned hb = half_bits_of(n);
+    uint64_t keys[PICK_ROUNDS];
+    for (int r = 0; r < PICK_ROUNDS; r++) {
+        keys[r] = mix64_3(key, (uint64_t)r, hb);
+    }
+    uint64_t x = within;
+    do {
+        x = feistel(x, hb, keys, PICK_ROUNDS);
+    } while (x >= n);
+    return x;
+}
+
+/* Heap order: the lower pass first, ties to the lower component. */
+static inline int before(const double *keys, int32_t a, int32_t b) {
+    return keys[a] < keys[b] || (keys[a] == keys[b] && a < b);
+}
+
+static void sift_down(int32_t *heap, Py_ssize_t len, const double *keys) {
+    Py_ssize_t i = 0;
+    int32_t item = heap[0];
+    for (;;) {
+        Py_ssize_t child = 2 * i + 1;
+        if (child >= len) {
+            break;
+        }
+        if (child + 1 < len && before(keys, heap[child + 1], heap[child])) {
+            child++;
+        }
+        if (!before(keys, heap[child], item)) {
+            break;
+        }
+        heap[i] = heap[child];
+        i = child;
+    }
+    heap[i] = item;
+}
+
+static int get_buffer(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, Py_ssize_t items,
+                      int writable, const char *what) {
+    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj, view, flags) != 0) {
+        return -1;
+    }
+    if (view->itemsize != itemsize || view->len < items * itemsize) {
+        PyErr_Format(PyExc_ValueError,
+                     "mixture_picks: %s must hold %zd items of %zd bytes; got %zd bytes of "
+                     "items of %zd",
+                     what, items, itemsize, view->len, view->itemsize);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ length tables
+ *
+ * A length table holds every component's lengths buffer for the life of the work source
+ * that made it (and of the lanes that share it), so that a pick reads a count without
+ * asking numpy for a buffer. It is a capsule over this struct.
+ */
+
+typedef struct {
+    Py_ssize_t ncomp;
+    Py_buffer *views;   /* [ncomp]; views[c].obj == NULL where there are no lengths */
+    uint8_t *codes;     /* [ncomp] */
+    Py_ssize_t *counts; /* [ncomp] samples covered */
+} LengthTable;
+
+#define TABLE_NAME "zephon._permute.LengthTable"
+
+static void table_free(PyObject *capsule) {
+    LengthTable *t = PyCapsule_GetPointer(capsule, TABLE_NAME);
+    if (t == NULL) {
+        PyErr_Clear();
+        return;
+    }
+    for (Py_ssize_t c = 0; c < t->ncomp; c++) {
+        if (t->views[c].obj != NULL) {
+            PyBuffer_Release(&t->views[c]);
+        }
+    }
+    PyMem_Free(t->views);
+    PyMem_Free(t->codes);
+    PyMem_Free(t->counts);
+    PyMem_Free(t);
+}
+
+PyDoc_STRVAR(length_table_doc,
+             "length_table(lengths, codes, /) -> capsule\n\n"
+             "Holds each component's lengths buffer (lengths[c], None for none) for\n"
+             "mixture_picks; codes[c] says how to read it (see interleave.py).");
+
+static PyObject *py_length_table(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *lengths, *codes_obj;
+    if (!PyArg_ParseTuple(args, "O!O:length_table", &PyTuple_Type, &lengths, &codes_obj)) {
+        return NULL;
+    }
+    Py_ssize_t ncomp = PyTuple_GET_SIZE(lengths);
+    Py_buffer cb;
+    if (get_buffer(codes_obj, &cb, 1, ncomp, 0, "codes") != 0) {
+        return NULL;
+    }
+    LengthTable *t = PyMem_Calloc(1, sizeof(*t));
+    if (t == NULL) {
+        PyBuffer_Release(&cb);
+        return PyErr_NoMemory();
+    }
+    size_t slots = (size_t)(ncomp ? ncomp : 1);
+    t->views = PyMem_Calloc(slots, sizeof(Py_buffer));
+    t->codes = PyMem_Calloc(slots, 1);
+    t->counts = PyMem_Calloc(slots, sizeof(Py_ssize_t));
+    PyObject *capsule = NULL;
+    if (t->views == NULL || t->codes == NULL || t->counts == NULL) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    t->ncomp = ncomp;
+    for (Py_ssize_t c = 0; c < ncomp; c++) {
+        uint8_t code = ((const uint8_t *)cb.buf)[c];
+        PyObject *item = PyTuple_GET_ITEM(lengths, c);
+        if (code == 0) {
+            continue;
+        }
+        Py_ssize_t size = (code & CODE_OFFSETS) ? 8 : (code & CODE_SIZE_MASK);
+        if (size != 1 && size != 2 && size != 4 && size != 8) {
+            PyErr_Format(PyExc_ValueError, "length_table: bad code %d for component %zd",
+                         (int)code, c);
+            goto fail;
+        }
+        if (get_buffer(item, &t->views[c], size, 0, 0, "a component's lengths") != 0) {
+            t->views[c].obj = NULL;
+            goto fail;
+        }
+        t->codes[c] = code;
+        t->counts[c] = t->views[c].len / size - ((code & CODE_OFFSETS) ? 1 : 0);
+    }
+    PyBuffer_Release(&cb);
+    capsule = PyCapsule_New(t, TABLE_NAME, table_free);
+    if (capsule == NULL) {
+        cb.obj = NULL;
+        goto fail;
+    }
+    return capsule;
+fail:
+    if (cb.obj != NULL) {
+        PyBuffer_Release(&cb);
+    }
+    for (Py_ssize_t c = 0; c < ncomp && t->views != NULL; c++) {
+        if (t->views[c].obj != NULL) {
+            PyBuffer_Release(&t->views[c]);
+        }
+    }
+    PyMem_Free(t->views);
+    PyMem_Free(t->codes);
+    PyMem_Free(t->counts);
+    PyMem_Free(t);
+    return NULL;
+}
+
+/* The token count of sample `index` of component c from its lengths (or offsets) buffer. */
+static inline int64_t length_of(const char *buf, uint8_t code, uint64_t index) {
+    unsigned size = code & CODE_SIZE_MASK;
+    if (code & CODE_OFFSETS) {
+        const int64_t *off = (const int64_t *)buf;
+        return off[index + 1] - off[index];
+    }
+    const char *at = buf + (size_t)index * size;
+    if (code & CODE_SIGNED) {
+        switch (size) {
+        case 1: return *(const int8_t *)at;
+        case 2: return *(const int16_t *)at;
+        case 4: return *(const int32_t *)at;
+        default: return *(const int64_t *)at;
+        }
+    }
+    switch (size) {
+    case 1: return *(const uint8_t *)at;
+    case 2: return *(const uint16_t *)at;
+    case 4: return *(const uint32_t *)at;
+    default: return (int64_t) * (const uint64_t *)at;
+    }
+}
+
+PyDoc_STRVAR(mixture_picks_doc,
+             "mixture_picks(f64, i64, heap, table, out, k, heap_len, lane, num_lanes, seed,\n"
+             "              chunk_id, flags, /) -> (picked, heap_len, exhausted, chunk_seed)\n\n"
+             "Up to k picks of one lane of a mixture; zephon.work_sources.interleave.picks is\n"
+             "the same function in Python and documents the arguments.");
+
+static PyObject *py_mixture_picks(PyObject *Py_UNUSED(self), PyObject *const *args,
+                                  Py_ssize_t nargs) {
+    if (nargs != 12) {
+        PyErr_Format(PyExc_TypeError, "mixture_picks takes 12 arguments; got %zd", nargs);
+        return NULL;
+    }
+    LengthTable *table = PyCapsule_GetPointer(args[3], TABLE_NAME);
+    if (table == NULL) {
+        return NULL;
+    }
+    Py_ssize_t ncomp = table->ncomp;
+    Py_ssize_t k = PyLong_AsSsize_t(args[5]);
+    Py_ssize_t heap_len = PyLong_AsSsize_t(args[6]);
+    uint64_t lane = PyLong_AsUnsignedLongLong(args[7]);
+    uint64_t num_lanes = PyLong_AsUnsignedLongLong(args[8]);
+    uint64_t seed = PyLong_AsUnsignedLongLong(args[9]);
+    uint64_t chunk_id = PyLong_AsUnsignedLongLong(args[10]);
+    long flags = PyLong_AsLong(args[11]);
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    if (k < 0 || heap_len < 0 || heap_len > ncomp || num_lanes == 0 || lane >= num_lanes) {
+        PyErr_Format(PyExc_ValueError,
+                     "mixture_picks: need k >= 0, 0 <= heap_len <= %zd components and lane < "
+                     "num_lanes; got k=%zd, heap_len=%zd, lane=%llu, num_lanes=%llu",
+                     ncomp, k, heap_len, (unsigned long long)lane,
+                     (unsigned long long)num_lanes);
+        return NULL;
+    }
+    Py_buffer fb, ib, hb, ob;
+    int got = 0;
+    PyObject *result = NULL;
+    if (get_buffer(args[0], &fb, 8, 3 * ncomp, 1, "f64") != 0) goto done;
+    got = 1;
+    if (get_buffer(args[1], &ib, 8, 5 * ncomp, 1, "i64") != 0) goto done;
+    got = 2;
+    if (get_buffer(args[2], &hb, 4, ncomp, 1, "heap") != 0) goto done;
+    got = 3;
+    if (get_buffer(args[4], &ob, 8, 3 * k, 1, "out") != 0) goto done;
+    got = 4;
+    {
+        double *weights = fb.buf, *carry = weights + ncomp, *keys = carry + ncomp;
+        int64_t *recv = ib.buf, *positions = recv + ncomp, *tokens = positions + ncomp;
+        const int64_t *limits = tokens + ncomp, *sizes = limits + ncomp;
+        int32_t *heap = hb.buf;
+        int64_t *out_c = ob.buf, *out_i = out_c + k, *out_l = out_i + k;
+        Py_ssize_t picked = 0;
+        long exhausted = -1;
+        while (picked < k && heap_len > 0) {
+            int32_t c = heap[0];
+            if (c < 0 || c >= ncomp) {
+                PyErr_Format(PyExc_ValueError, "mixture_picks: heap names component %d of %zd",
+                             (int)c, ncomp);
+                goto done;
+            }
+            uint64_t n = (uint64_t)sizes[c];
+            uint64_t p = (uint64_t)positions[c];
+            if (n == 0 || p > (UINT64_MAX - lane) / num_lanes) {
+                PyErr_Format(PyExc_ValueError,
+                             "mixture_picks: component %d has %llu samples at position %llu",
+                             (int)c, (unsigned long long)n, (unsigned long long)p);
+                goto done;
+            }
+            uint64_t g = lane + p * num_lanes;
+            uint64_t within = g % n;
+            uint64_t index =
+                (flags & FLAG_SHUFFLE) ? permuted(within, n, mix64_3(seed, (uint64_t)c, g / n))
+                                       : within;
+            int64_t length = 1;
+            uint8_t code = table->codes[c];
+            if (code) {
+                if ((uint64_t)table->counts[c] != n) {
+                    PyErr_Format(PyExc_ValueError,
+                                 "mixture_picks: the lengths of component %d cover %zd "
+                                 "samples; its dataset has %llu",
+                                 (int)c, table->counts[c], (unsigned long long)n);
+                    goto done;
+                }
+                length = length_of(table->views[c].buf, code, index);
+                if (length < 0) {
+                    PyErr_Format(PyExc_ValueError,
+                                 "mixture_picks: sample %llu of component %d has length %lld",
+                                 (unsigned long long)index, (int)c, (long long)length);
+                    goto done;
+                }
+                tokens[c] += length;
+            }
+            out_c[picked] = c;
+            out_i[picked] = (int64_t)index;
+            out_l[picked] = length;
+            picked++;
+            positions[c] = (int64_t)(p + 1);
+            recv[c] += (flags & FLAG_TOKEN_UNITS) ? (length > 0 ? length : 1) : 1;
+            if (limits[c] >= 0 && (int64_t)(p + 1) >= limits[c]) {
+                heap_len--;
+                if (heap_len > 0) {
+                    heap[0] = heap[heap_len];
+                    sift_down(heap, heap_len, keys);
+                }
+                if (flags & FLAG_STOP_ON_EXHAUST) {
+                    exhausted = c;
+                    break;
+                }
+                continue;
+            }
+            keys[c] = ((double)recv[c] - carry[c]) / weights[c];
+            sift_down(heap, heap_len, keys);
+        }
+        uint64_t chunk_seed = mix64_3(seed, lane, chunk_id);
+        result = Py_BuildValue("nnlK", picked, heap_len, exhausted,
+                               (unsigned long long)chunk_seed);
+    }
+done:;
+    Py_buffer *views[] = {&fb, &ib, &hb, &ob};
+    for (int i = 0; i < got; i++) {
+        PyBuffer_Release(views[i]);
+    }
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"permute_into", py_permute_into, METH_VARARGS, permute_into_doc},
+    {"length_table", py_length_table, METH_VARARGS, length_table_doc},
+    {"mixture_picks", (PyCFunction)(void (*)(void))py_mixture_picks, METH_FASTCALL,
+     mixture_picks_doc},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "zephon._permute",
-    .m_doc = "The Feistel permutation of zephon.work_sources.permutation, in C.",
+    .m_doc = "The Feistel permutation of zephon.work_sources.permutation and the "
+             "mixture interleaving of zephon.work_sources.interleave, in C.",
     .m_size = 0,
     .m_methods = methods,
 };
