@@ -9,11 +9,13 @@
  * one pass per element instead of a few dozen numpy calls per cycle-walk step. The
  * GIL is released while it runs.
  *
- * mixture_picks(...) deals up to k samples of one lane of a mixture: each pick takes the
- * component at the top of a min-heap of passes, finds its next sample (the permutation
- * above, its keys derived from the seed as mix64 does) and its token count, and moves the
- * component's pass on. The arrays belong to the Python caller; see interleave.py for the
- * same function in Python and what every argument means.
+ * mixture_rebuild(...) and mixture_picks(...) interleave one lane of a mixture by worst-case
+ * fair weighted fair queueing (WF2Q+): each pick serves, among the components whose start
+ * tag has been reached by the virtual time, the one with the lowest finish tag, over two
+ * heaps; a component's next sample is the permutation above (its keys derived from the
+ * seed as mix64 does) and its token count a read of its lengths buffer. The arrays belong
+ * to the Python caller; see interleave.py for the same functions in Python and what every
+ * argument means.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -172,29 +174,51 @@ static inline uint64_t permuted(uint64_t within, uint64_t n, uint64_t key) {
     return x;
 }
 
-/* Heap order: the lower pass first, ties to the lower component. */
-static inline int before(const double *keys, int32_t a, int32_t b) {
-    return keys[a] < keys[b] || (keys[a] == keys[b] && a < b);
+/* Heap order on one key row: the lower key first, ties to the lower component. */
+static inline int before(const double *key, int32_t a, int32_t b) {
+    return key[a] < key[b] || (key[a] == key[b] && a < b);
 }
 
-static void sift_down(int32_t *heap, Py_ssize_t len, const double *keys) {
-    Py_ssize_t i = 0;
-    int32_t item = heap[0];
+static void sift_down(int32_t *heap, Py_ssize_t len, Py_ssize_t i, const double *key) {
+    int32_t item = heap[i];
     for (;;) {
         Py_ssize_t child = 2 * i + 1;
         if (child >= len) {
             break;
         }
-        if (child + 1 < len && before(keys, heap[child + 1], heap[child])) {
+        if (child + 1 < len && before(key, heap[child + 1], heap[child])) {
             child++;
         }
-        if (!before(keys, heap[child], item)) {
+        if (!before(key, heap[child], item)) {
             break;
         }
         heap[i] = heap[child];
         i = child;
     }
     heap[i] = item;
+}
+
+static void heap_push(int32_t *heap, Py_ssize_t *len, int32_t item, const double *key) {
+    Py_ssize_t i = (*len)++;
+    while (i > 0) {
+        Py_ssize_t parent = (i - 1) / 2;
+        if (!before(key, item, heap[parent])) {
+            break;
+        }
+        heap[i] = heap[parent];
+        i = parent;
+    }
+    heap[i] = item;
+}
+
+static int32_t heap_pop(int32_t *heap, Py_ssize_t *len, const double *key) {
+    int32_t top = heap[0];
+    (*len)--;
+    if (*len > 0) {
+        heap[0] = heap[*len];
+        sift_down(heap, *len, 0, key);
+    }
+    return top;
 }
 
 static int get_buffer(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, Py_ssize_t items,
@@ -343,128 +367,270 @@ static inline int64_t length_of(const char *buf, uint8_t code, uint64_t index) {
     }
 }
 
-PyDoc_STRVAR(mixture_picks_doc,
-             "mixture_picks(f64, i64, heap, table, out, k, heap_len, lane, num_lanes, seed,\n"
-             "              chunk_id, flags, /) -> (picked, heap_len, exhausted, chunk_seed)\n\n"
-             "Up to k picks of one lane of a mixture; zephon.work_sources.interleave.picks is\n"
-             "the same function in Python and documents the arguments.");
+/* The rows of the caller's arrays (interleave.py names them). */
+typedef struct {
+    Py_ssize_t ncomp;
+    double *weights, *carry, *start, *finish;
+    int64_t *recv, *positions, *tokens, *limits, *sizes, *next_index, *next_length;
+    int32_t *eligible, *waiting;
+    uint64_t lane, num_lanes, seed;
+    long flags;
+    const LengthTable *table;
+} Lane;
 
-static PyObject *py_mixture_picks(PyObject *Py_UNUSED(self), PyObject *const *args,
-                                  Py_ssize_t nargs) {
-    if (nargs != 12) {
-        PyErr_Format(PyExc_TypeError, "mixture_picks takes 12 arguments; got %zd", nargs);
+static int lane_buffers(Lane *ln, PyObject *f64, PyObject *i64, PyObject *heaps,
+                        Py_buffer views[3]) {
+    Py_ssize_t n = ln->ncomp;
+    if (get_buffer(f64, &views[0], 8, 4 * n, 1, "f64") != 0) {
+        return 0;
+    }
+    if (get_buffer(i64, &views[1], 8, 7 * n, 1, "i64") != 0) {
+        return 1;
+    }
+    if (get_buffer(heaps, &views[2], 4, 2 * n, 1, "heaps") != 0) {
+        return 2;
+    }
+    double *f = views[0].buf;
+    int64_t *i = views[1].buf;
+    int32_t *h = views[2].buf;
+    ln->weights = f, ln->carry = f + n, ln->start = f + 2 * n, ln->finish = f + 3 * n;
+    ln->recv = i, ln->positions = i + n, ln->tokens = i + 2 * n, ln->limits = i + 3 * n;
+    ln->sizes = i + 4 * n, ln->next_index = i + 5 * n, ln->next_length = i + 6 * n;
+    ln->eligible = h, ln->waiting = h + n;
+    return 3;
+}
+
+static inline int64_t units_of(const Lane *ln, int64_t length) {
+    return (ln->flags & FLAG_TOKEN_UNITS) ? (length > 0 ? length : 1) : 1;
+}
+
+/* Component c's next sample (dataset index and token count) from its position. */
+static int next_sample(Lane *ln, int32_t c) {
+    uint64_t n = (uint64_t)ln->sizes[c];
+    uint64_t p = (uint64_t)ln->positions[c];
+    if (n == 0 || p > (UINT64_MAX - ln->lane) / ln->num_lanes) {
+        PyErr_Format(PyExc_ValueError,
+                     "mixture: component %d has %llu samples at position %llu", (int)c,
+                     (unsigned long long)n, (unsigned long long)p);
+        return -1;
+    }
+    uint64_t g = ln->lane + p * ln->num_lanes;
+    uint64_t within = g % n;
+    uint64_t index = (ln->flags & FLAG_SHUFFLE)
+                         ? permuted(within, n, mix64_3(ln->seed, (uint64_t)c, g / n))
+                         : within;
+    int64_t length = 1;
+    uint8_t code = ln->table->codes[c];
+    if (code) {
+        if ((uint64_t)ln->table->counts[c] != n) {
+            PyErr_Format(PyExc_ValueError,
+                         "mixture: the lengths of component %d cover %zd samples; its "
+                         "dataset has %llu",
+                         (int)c, ln->table->counts[c], (unsigned long long)n);
+            return -1;
+        }
+        length = length_of(ln->table->views[c].buf, code, index);
+        if (length < 0) {
+            PyErr_Format(PyExc_ValueError,
+                         "mixture: sample %llu of component %d has length %lld",
+                         (unsigned long long)index, (int)c, (long long)length);
+            return -1;
+        }
+    }
+    ln->next_index[c] = (int64_t)index;
+    ln->next_length[c] = length;
+    return 0;
+}
+
+/* Start and finish tags of c from what it received: S = (received - carry) / w, and
+ * F = S + (units of its next sample) / w. */
+static inline void tag(Lane *ln, int32_t c) {
+    double w = ln->weights[c];
+    ln->start[c] = ((double)ln->recv[c] - ln->carry[c]) / w;
+    ln->finish[c] = ln->start[c] + (double)units_of(ln, ln->next_length[c]) / w;
+}
+
+static inline int drawable(const Lane *ln, Py_ssize_t c) {
+    return ln->weights[c] > 0 &&
+           (ln->limits[c] < 0 || ln->positions[c] < ln->limits[c]);
+}
+
+/* The drawable components' weights, summed in component order. */
+static double weight_sum(const Lane *ln) {
+    double total = 0.0;
+    for (Py_ssize_t c = 0; c < ln->ncomp; c++) {
+        if (drawable(ln, c)) {
+            total += ln->weights[c];
+        }
+    }
+    return total;
+}
+
+static int parse_lane(Lane *ln, PyObject *table, PyObject *lane, PyObject *num_lanes,
+                      PyObject *seed, PyObject *flags) {
+    ln->table = PyCapsule_GetPointer(table, TABLE_NAME);
+    if (ln->table == NULL) {
+        return -1;
+    }
+    ln->ncomp = ln->table->ncomp;
+    ln->lane = PyLong_AsUnsignedLongLong(lane);
+    ln->num_lanes = PyLong_AsUnsignedLongLong(num_lanes);
+    ln->seed = PyLong_AsUnsignedLongLong(seed);
+    ln->flags = PyLong_AsLong(flags);
+    if (PyErr_Occurred()) {
+        return -1;
+    }
+    if (ln->num_lanes == 0 || ln->lane >= ln->num_lanes) {
+        PyErr_Format(PyExc_ValueError, "mixture: lane %llu is not below num_lanes %llu",
+                     (unsigned long long)ln->lane, (unsigned long long)ln->num_lanes);
+        return -1;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(mixture_rebuild_doc,
+             "mixture_rebuild(f64, i64, heaps, table, lane, num_lanes, seed, flags, vtime, /)\n"
+             "    -> (eligible, waiting, weight_sum)\n\n"
+             "Tags and heaps of every drawable component (next samples where next_length <\n"
+             "0); see zephon.work_sources.interleave.");
+
+static PyObject *py_mixture_rebuild(PyObject *Py_UNUSED(self), PyObject *const *args,
+                                    Py_ssize_t nargs) {
+    if (nargs != 9) {
+        PyErr_Format(PyExc_TypeError, "mixture_rebuild takes 9 arguments; got %zd", nargs);
         return NULL;
     }
-    LengthTable *table = PyCapsule_GetPointer(args[3], TABLE_NAME);
-    if (table == NULL) {
+    Lane ln;
+    if (parse_lane(&ln, args[3], args[4], args[5], args[6], args[7]) != 0) {
         return NULL;
     }
-    Py_ssize_t ncomp = table->ncomp;
-    Py_ssize_t k = PyLong_AsSsize_t(args[5]);
-    Py_ssize_t heap_len = PyLong_AsSsize_t(args[6]);
-    uint64_t lane = PyLong_AsUnsignedLongLong(args[7]);
-    uint64_t num_lanes = PyLong_AsUnsignedLongLong(args[8]);
-    uint64_t seed = PyLong_AsUnsignedLongLong(args[9]);
-    uint64_t chunk_id = PyLong_AsUnsignedLongLong(args[10]);
-    long flags = PyLong_AsLong(args[11]);
+    double vtime = PyFloat_AsDouble(args[8]);
     if (PyErr_Occurred()) {
         return NULL;
     }
-    if (k < 0 || heap_len < 0 || heap_len > ncomp || num_lanes == 0 || lane >= num_lanes) {
-        PyErr_Format(PyExc_ValueError,
-                     "mixture_picks: need k >= 0, 0 <= heap_len <= %zd components and lane < "
-                     "num_lanes; got k=%zd, heap_len=%zd, lane=%llu, num_lanes=%llu",
-                     ncomp, k, heap_len, (unsigned long long)lane,
-                     (unsigned long long)num_lanes);
+    Py_buffer views[3];
+    int got = lane_buffers(&ln, args[0], args[1], args[2], views);
+    PyObject *result = NULL;
+    if (got == 3) {
+        Py_ssize_t n_elig = 0, n_wait = 0;
+        int ok = 1;
+        for (Py_ssize_t c = 0; c < ln.ncomp; c++) {
+            if (!drawable(&ln, c)) {
+                continue;
+            }
+            if (ln.next_length[c] < 0 && next_sample(&ln, (int32_t)c) != 0) {
+                ok = 0;
+                break;
+            }
+            tag(&ln, (int32_t)c);
+            if (ln.start[c] <= vtime) {
+                heap_push(ln.eligible, &n_elig, (int32_t)c, ln.finish);
+            } else {
+                heap_push(ln.waiting, &n_wait, (int32_t)c, ln.start);
+            }
+        }
+        if (ok) {
+            result = Py_BuildValue("nnd", n_elig, n_wait, weight_sum(&ln));
+        }
+    }
+    for (int i = 0; i < got; i++) {
+        PyBuffer_Release(&views[i]);
+    }
+    return result;
+}
+
+PyDoc_STRVAR(mixture_picks_doc,
+             "mixture_picks(f64, i64, heaps, table, out, k, eligible, waiting, vtime,\n"
+             "              weight_sum, lane, num_lanes, seed, chunk_id, flags, /)\n"
+             "    -> (picked, eligible, waiting, vtime, weight_sum, exhausted, chunk_seed)\n\n"
+             "Up to k picks of one lane of a mixture; zephon.work_sources.interleave has the\n"
+             "same function in Python and documents the arguments.");
+
+static PyObject *py_mixture_picks(PyObject *Py_UNUSED(self), PyObject *const *args,
+                                  Py_ssize_t nargs) {
+    if (nargs != 15) {
+        PyErr_Format(PyExc_TypeError, "mixture_picks takes 15 arguments; got %zd", nargs);
         return NULL;
     }
-    Py_buffer fb, ib, hb, ob;
-    int got = 0;
+    Lane ln;
+    if (parse_lane(&ln, args[3], args[10], args[11], args[12], args[14]) != 0) {
+        return NULL;
+    }
+    Py_ssize_t k = PyLong_AsSsize_t(args[5]);
+    Py_ssize_t n_elig = PyLong_AsSsize_t(args[6]);
+    Py_ssize_t n_wait = PyLong_AsSsize_t(args[7]);
+    double vtime = PyFloat_AsDouble(args[8]);
+    double wsum = PyFloat_AsDouble(args[9]);
+    uint64_t chunk_id = PyLong_AsUnsignedLongLong(args[13]);
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    if (k < 0 || n_elig < 0 || n_wait < 0 || n_elig + n_wait > ln.ncomp) {
+        PyErr_Format(PyExc_ValueError,
+                     "mixture_picks: need k >= 0 and eligible + waiting <= %zd components; "
+                     "got k=%zd, eligible=%zd, waiting=%zd",
+                     ln.ncomp, k, n_elig, n_wait);
+        return NULL;
+    }
+    Py_buffer views[4];
+    int got = lane_buffers(&ln, args[0], args[1], args[2], views);
     PyObject *result = NULL;
-    if (get_buffer(args[0], &fb, 8, 3 * ncomp, 1, "f64") != 0) goto done;
-    got = 1;
-    if (get_buffer(args[1], &ib, 8, 5 * ncomp, 1, "i64") != 0) goto done;
-    got = 2;
-    if (get_buffer(args[2], &hb, 4, ncomp, 1, "heap") != 0) goto done;
-    got = 3;
-    if (get_buffer(args[4], &ob, 8, 3 * k, 1, "out") != 0) goto done;
-    got = 4;
-    {
-        double *weights = fb.buf, *carry = weights + ncomp, *keys = carry + ncomp;
-        int64_t *recv = ib.buf, *positions = recv + ncomp, *tokens = positions + ncomp;
-        const int64_t *limits = tokens + ncomp, *sizes = limits + ncomp;
-        int32_t *heap = hb.buf;
-        int64_t *out_c = ob.buf, *out_i = out_c + k, *out_l = out_i + k;
+    if (got == 3) {
+        if (get_buffer(args[4], &views[3], 8, 3 * k, 1, "out") == 0) {
+            got = 4;
+        }
+    }
+    if (got == 4) {
+        int64_t *out_c = views[3].buf, *out_i = out_c + k, *out_l = out_i + k;
         Py_ssize_t picked = 0;
         long exhausted = -1;
-        while (picked < k && heap_len > 0) {
-            int32_t c = heap[0];
-            if (c < 0 || c >= ncomp) {
-                PyErr_Format(PyExc_ValueError, "mixture_picks: heap names component %d of %zd",
-                             (int)c, ncomp);
-                goto done;
+        int ok = 1;
+        while (picked < k && n_elig + n_wait > 0) {
+            while (n_wait > 0 && ln.start[ln.waiting[0]] <= vtime) {
+                int32_t c = heap_pop(ln.waiting, &n_wait, ln.start);
+                heap_push(ln.eligible, &n_elig, c, ln.finish);
             }
-            uint64_t n = (uint64_t)sizes[c];
-            uint64_t p = (uint64_t)positions[c];
-            if (n == 0 || p > (UINT64_MAX - lane) / num_lanes) {
-                PyErr_Format(PyExc_ValueError,
-                             "mixture_picks: component %d has %llu samples at position %llu",
-                             (int)c, (unsigned long long)n, (unsigned long long)p);
-                goto done;
+            if (n_elig == 0) {
+                vtime = ln.start[ln.waiting[0]]; /* nothing eligible: time jumps ahead */
+                continue;
             }
-            uint64_t g = lane + p * num_lanes;
-            uint64_t within = g % n;
-            uint64_t index =
-                (flags & FLAG_SHUFFLE) ? permuted(within, n, mix64_3(seed, (uint64_t)c, g / n))
-                                       : within;
-            int64_t length = 1;
-            uint8_t code = table->codes[c];
-            if (code) {
-                if ((uint64_t)table->counts[c] != n) {
-                    PyErr_Format(PyExc_ValueError,
-                                 "mixture_picks: the lengths of component %d cover %zd "
-                                 "samples; its dataset has %llu",
-                                 (int)c, table->counts[c], (unsigned long long)n);
-                    goto done;
-                }
-                length = length_of(table->views[c].buf, code, index);
-                if (length < 0) {
-                    PyErr_Format(PyExc_ValueError,
-                                 "mixture_picks: sample %llu of component %d has length %lld",
-                                 (unsigned long long)index, (int)c, (long long)length);
-                    goto done;
-                }
-                tokens[c] += length;
-            }
+            int32_t c = heap_pop(ln.eligible, &n_elig, ln.finish);
+            int64_t length = ln.next_length[c];
+            int64_t units = units_of(&ln, length);
             out_c[picked] = c;
-            out_i[picked] = (int64_t)index;
+            out_i[picked] = ln.next_index[c];
             out_l[picked] = length;
             picked++;
-            positions[c] = (int64_t)(p + 1);
-            recv[c] += (flags & FLAG_TOKEN_UNITS) ? (length > 0 ? length : 1) : 1;
-            if (limits[c] >= 0 && (int64_t)(p + 1) >= limits[c]) {
-                heap_len--;
-                if (heap_len > 0) {
-                    heap[0] = heap[heap_len];
-                    sift_down(heap, heap_len, keys);
-                }
-                if (flags & FLAG_STOP_ON_EXHAUST) {
+            ln.positions[c] += 1;
+            ln.recv[c] += units;
+            if (ln.table->codes[c]) {
+                ln.tokens[c] += length;
+            }
+            vtime += (double)units / wsum;
+            if (ln.limits[c] >= 0 && ln.positions[c] >= ln.limits[c]) {
+                ln.next_length[c] = -1;
+                wsum = weight_sum(&ln);
+                if (ln.flags & FLAG_STOP_ON_EXHAUST) {
                     exhausted = c;
                     break;
                 }
                 continue;
             }
-            keys[c] = ((double)recv[c] - carry[c]) / weights[c];
-            sift_down(heap, heap_len, keys);
+            if (next_sample(&ln, c) != 0) {
+                ok = 0;
+                break;
+            }
+            tag(&ln, c);
+            heap_push(ln.waiting, &n_wait, c, ln.start);
         }
-        uint64_t chunk_seed = mix64_3(seed, lane, chunk_id);
-        result = Py_BuildValue("nnlK", picked, heap_len, exhausted,
-                               (unsigned long long)chunk_seed);
+        if (ok) {
+            uint64_t chunk_seed = mix64_3(ln.seed, ln.lane, chunk_id);
+            result = Py_BuildValue("nnnddlK", picked, n_elig, n_wait, vtime, wsum, exhausted,
+                                   (unsigned long long)chunk_seed);
+        }
     }
-done:;
-    Py_buffer *views[] = {&fb, &ib, &hb, &ob};
     for (int i = 0; i < got; i++) {
-        PyBuffer_Release(views[i]);
+        PyBuffer_Release(&views[i]);
     }
     return result;
 }
@@ -472,6 +638,8 @@ done:;
 static PyMethodDef methods[] = {
     {"permute_into", py_permute_into, METH_VARARGS, permute_into_doc},
     {"length_table", py_length_table, METH_VARARGS, length_table_doc},
+    {"mixture_rebuild", (PyCFunction)(void (*)(void))py_mixture_rebuild, METH_FASTCALL,
+     mixture_rebuild_doc},
     {"mixture_picks", (PyCFunction)(void (*)(void))py_mixture_picks, METH_FASTCALL,
      mixture_picks_doc},
     {NULL, NULL, 0, NULL},

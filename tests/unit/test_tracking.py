@@ -212,8 +212,12 @@ def test_a_lane_state_is_rebuilt_exactly_when_the_lane_moves(lanes: int) -> None
         for step in range(4 * lanes):
             next(pipe)
             if step % 7 == 0:
-                state = pipe.checkpoint()
-                assert state["lanes"] == _fresh_states(pipe)
+                # Under the engine's lock, so the prefetch pump cannot move a lane between
+                # the checkpoint and the states rebuilt to compare with it.
+                with pipe._engine.lock:
+                    state = pipe.checkpoint()
+                    fresh = _fresh_states(pipe)
+                assert state["lanes"] == fresh
                 kept.append((state, copy.deepcopy(state)))
         # What an earlier checkpoint returned never changes as the lanes move on.
         assert all(state == copy_then for state, copy_then in kept)

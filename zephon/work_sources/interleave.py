@@ -1,42 +1,42 @@
-"""How one lane of a mixture interleaves its components: passes on a min-heap.
+"""How one lane of a mixture interleaves its components: worst-case fair weighted queueing.
 
-Each component ``c`` has a *pass*: the units it has received since the scheduler's origin,
-less a carried credit, divided by its weight, ``pass_c = (received_c - carry_c) / w_c``.
-The lane deals its next sample from the component with the lowest pass (ties: the lowest
-component), then adds the sample's units to ``received_c``: 1 per sample when weights count
-samples, its token count (at least 1) when they count tokens. This is stride scheduling
-with the sample's own size as the stride: every component's units stay within one sample
-of its weight's share of the lane's units (``|received_c - w_c * total| <=`` about one
-longest sample), with no random draw and no history beyond one integer and one float per
-component. The scale of the weights does not matter (a pass is a ratio), so a component
-that runs out simply leaves the heap and the others share its place.
+Each component ``c`` has a *start tag* ``S_c = (received_c - carry_c) / w_c``: the units it
+has received since the scheduler's origin, less a carried credit, over its weight; and a
+*finish tag* ``F_c = S_c + u_c / w_c``, ``u_c`` being the units of its next sample: 1 when
+weights count samples, its token count (at least 1) when they count tokens. The lane keeps
+a virtual time ``V``: it grows by ``u / W`` with every sample dealt (``W`` the sum of the
+weights still drawable, summed in component order). The next sample comes from the
+component with the lowest finish tag among those whose start tag ``V`` has reached (ties:
+the lowest component); if none has, ``V`` jumps to the lowest start tag. This is WF2Q+
+(Bennett and Zhang), which keeps every component within about one of its samples of its
+share, ``|received_c - w_c / W * total| <= max(u)`` for every prefix, with no random draw
+and no history beyond two numbers per component and one per lane. A component that runs out
+leaves the heaps and the others share its place.
 
-``picks`` runs that loop for up to ``k`` samples over arrays the caller owns: the C function
-``zephon._permute.mixture_picks`` when it is built, else the same loop in Python below
-(``ZEPHON_PURE_PYTHON=1`` forces it; the tests run both on the same inputs and compare every
-array). The arrays:
+The work is done over arrays the caller owns, by the C functions
+``zephon._permute.mixture_rebuild`` / ``mixture_picks`` when they are built, else by the
+same functions in Python below (``ZEPHON_PURE_PYTHON=1`` forces them; the tests run both on
+the same inputs and compare every array):
 
-* ``f64``: float64 ``[3, C]``, rows ``weights``, ``carry``, ``keys`` (the passes, kept
-  current for every component in the heap);
-* ``i64``: int64 ``[5, C]``, rows ``received``, ``positions`` (samples of ``c`` the lane
-  has dealt), ``tokens`` (their token counts, for components with lengths), ``limits``
-  (samples the lane may take of ``c``, or -1 without a limit) and ``sizes`` (dataset
-  lengths);
-* ``heap``: int32 ``[C]``, the first ``heap_len`` a binary min-heap of the components that
-  may be drawn, ordered by ``(keys[c], c)`` (its layout does not affect the picks, only that
-  order does);
-* ``table``: a :class:`LengthTable` of every component's lengths array and its code: 0 no
+* ``f64``: float64 ``[4, C]``, rows ``weights``, ``carry`` (a float32 value: a credit in
+  units carried over a change of weights), ``start`` and ``finish`` (the tags, kept current
+  for every drawable component);
+* ``i64``: int64 ``[7, C]``, rows ``received`` (units since the origin), ``positions``
+  (samples of ``c`` the lane has dealt), ``tokens`` (their token counts, for components with
+  lengths), ``limits`` (samples the lane may take of ``c``, or -1), ``sizes`` (dataset
+  lengths), ``next_index`` and ``next_length`` (the component's next sample, computed when
+  ``next_length < 0``);
+* ``heaps``: int32 ``[2, C]``: row 0 the *eligible* components (start tag reached) as a
+  binary min-heap by ``(finish, c)``, row 1 the *waiting* ones by ``(start, c)``; their
+  layout does not change the picks;
+* ``table``: a :class:`LengthTable` of every component's lengths array and code: 0 no
   lengths, else the item size in bytes (1, 2, 4, 8) plus ``CODE_SIGNED`` for a signed dtype,
   or ``CODE_OFFSETS`` for an int64 array of ``N + 1`` offsets (length ``o[i + 1] - o[i]``);
-  made once per work source and shared by its lanes (the C side holds the buffers, so a pick
-  reads a count without asking numpy for one);
+  made once per work source and shared by its lanes (the C side holds the buffers);
 * ``out``: int64 ``[3, k]``: each pick's component, dataset index and token count (1 without
   lengths);
 * ``flags``: ``FLAG_SHUFFLE``, ``FLAG_TOKEN_UNITS``, ``FLAG_STOP_ON_EXHAUST`` (return right
   after the pick that exhausts a component, naming it).
-
-It returns ``(picked, heap_len, exhausted, chunk_seed)``: ``chunk_seed`` is ``mix64(seed,
-lane, chunk_id)``, the chunk's seed, computed there because it is cheaper in C.
 
 Sample ``p`` of component ``c`` in lane ``l`` of ``L`` is global position ``g = l + p * L``,
 dataset index ``permute(g % N, N, mix64(seed, c, g // N))`` (or ``g % N`` unshuffled).
@@ -64,10 +64,10 @@ __all__ = [
     "FLAG_STOP_ON_EXHAUST",
     "FLAG_TOKEN_UNITS",
     "LengthTable",
-    "build_heap",
     "length_code",
     "picks",
-    "picks_python",
+    "rebase",
+    "rebuild",
 ]
 
 _NATIVE = load("_permute")
@@ -79,8 +79,9 @@ FLAG_STOP_ON_EXHAUST = 4
 CODE_SIGNED = 0x10
 CODE_OFFSETS = 0x20
 
-W, CARRY, KEYS = 0, 1, 2
-RECV, POS, TOK, LIMIT, SIZE = 0, 1, 2, 3, 4
+W, CARRY, START, FINISH = 0, 1, 2, 3
+RECV, POS, TOK, LIMIT, SIZE, NIDX, NLEN = 0, 1, 2, 3, 4, 5, 6
+F64_ROWS, I64_ROWS = 4, 7
 
 
 def length_code(array: np.ndarray | None, offsets: bool = False) -> int:
@@ -107,100 +108,142 @@ class LengthTable:
         self.__init__(state["arrays"], state["codes"])  # type: ignore[misc]
 
 
-def build_heap(f64: np.ndarray, i64: np.ndarray, heap: np.ndarray, drawable: np.ndarray) -> int:
-    """Recompute every drawable component's pass and lay them out as a heap (sorted, which
-    is a heap); returns ``heap_len``."""
-    comps = np.flatnonzero(drawable)
-    keys = f64[KEYS]
-    keys[comps] = (i64[RECV, comps].astype(np.float64) - f64[CARRY, comps]) / f64[W, comps]
-    order = comps[np.argsort(keys[comps], kind="stable")]  # ties: ascending component
-    heap[: order.size] = order
-    return int(order.size)
+def rebuild(
+    f64: np.ndarray,
+    i64: np.ndarray,
+    heaps: np.ndarray,
+    table: LengthTable,
+    lane: int,
+    num_lanes: int,
+    seed: int,
+    flags: int,
+    vtime: float,
+) -> tuple[int, int, float]:
+    """Tags and heaps of every drawable component (weight > 0, not exhausted), computing
+    its next sample where ``next_length < 0``; returns ``(eligible, waiting, W)``."""
+    if table.native is not None and _NATIVE is not None:
+        return _NATIVE.mixture_rebuild(  # type: ignore[no-any-return]
+            f64, i64, heaps, table.native, lane, num_lanes, seed, flags, vtime
+        )
+    return _Python(f64, i64, heaps, table, lane, num_lanes, seed, flags).rebuild(vtime)
 
 
 def picks(
     f64: np.ndarray,
     i64: np.ndarray,
-    heap: np.ndarray,
+    heaps: np.ndarray,
     table: LengthTable,
     out: np.ndarray,
     k: int,
-    heap_len: int,
+    eligible: int,
+    waiting: int,
+    vtime: float,
+    weight_sum: float,
     lane: int,
     num_lanes: int,
     seed: int,
     chunk_id: int,
     flags: int,
-) -> tuple[int, int, int, int]:
-    """Up to ``k`` picks (see the module docstring); returns ``(picked, heap_len,
-    exhausted, chunk_seed)``, ``exhausted`` being the component a ``FLAG_STOP_ON_EXHAUST``
-    call stopped at, or -1."""
+) -> tuple[int, int, int, float, float, int, int]:
+    """Up to ``k`` picks; returns ``(picked, eligible, waiting, vtime, W, exhausted,
+    chunk_seed)``: ``exhausted`` is the component a ``FLAG_STOP_ON_EXHAUST`` call stopped
+    at, or -1; ``chunk_seed`` is ``mix64(seed, lane, chunk_id)`` (cheaper in C)."""
     if table.native is not None and _NATIVE is not None:
         return _NATIVE.mixture_picks(  # type: ignore[no-any-return]
-            f64, i64, heap, table.native, out, k, heap_len, lane, num_lanes, seed, chunk_id, flags
+            f64, i64, heaps, table.native, out, k, eligible, waiting, vtime, weight_sum,
+            lane, num_lanes, seed, chunk_id, flags,
         )
-    return picks_python(
-        f64, i64, heap, table, out, k, heap_len, lane, num_lanes, seed, chunk_id, flags
+    return _Python(f64, i64, heaps, table, lane, num_lanes, seed, flags).picks(
+        out, k, eligible, waiting, vtime, weight_sum, chunk_id
     )
 
 
-def _before(keys: np.ndarray, a: int, b: int) -> bool:
-    ka, kb = keys[a], keys[b]
-    return bool(ka < kb or (ka == kb and a < b))
-
-
-def _sift_down(heap: np.ndarray, length: int, keys: np.ndarray) -> None:
-    i, item = 0, int(heap[0])
-    while True:
-        child = 2 * i + 1
-        if child >= length:
-            break
-        if child + 1 < length and _before(keys, int(heap[child + 1]), int(heap[child])):
-            child += 1
-        if not _before(keys, int(heap[child]), item):
-            break
-        heap[i] = heap[child]
-        i = child
-    heap[i] = item
-
-
-def picks_python(
+def rebase(
     f64: np.ndarray,
     i64: np.ndarray,
-    heap: np.ndarray,
-    table: LengthTable,
-    out: np.ndarray,
-    k: int,
-    heap_len: int,
-    lane: int,
-    num_lanes: int,
-    seed: int,
-    chunk_id: int,
-    flags: int,
-) -> tuple[int, int, int, int]:
-    """The pure-Python twin of the C ``mixture_picks``: the same arguments, the same result
-    and the same changes to every array."""
-    weights, carry, keys = f64[W], f64[CARRY], f64[KEYS]
-    recv, positions, tokens, limits, sizes = (i64[r] for r in range(5))
-    out_c, out_i, out_l = out[0], out[1], out[2]
-    codes, lengths = table.codes, table.arrays
-    shuffle = bool(flags & FLAG_SHUFFLE)
-    token_units = bool(flags & FLAG_TOKEN_UNITS)
-    picked = 0
-    while picked < k and heap_len > 0:
-        c = int(heap[0])
-        n, p = int(sizes[c]), int(positions[c])
-        g = lane + p * num_lanes
-        within = g % n
-        index = within
-        if shuffle and n > 1:
+    heaps: np.ndarray,
+    eligible: int,
+    waiting: int,
+    vtime: float,
+    new_weights: np.ndarray,
+) -> None:
+    """Move the scheduler's origin to now, for new weights: every drawable component keeps
+    its lead over the virtual time in units (``carry = -(S - V) * w``, rounded to a float32 so
+    that a checkpoint stores it in 4 bytes); the others start level with it. ``received``
+    restarts at 0; the caller sets the virtual time to 0 and rebuilds."""
+    carry = np.zeros(f64.shape[1], dtype=np.float64)
+    comps = np.concatenate([heaps[0, :eligible], heaps[1, :waiting]]).astype(np.int64)
+    if comps.size:
+        lead = (f64[START, comps] - vtime) * f64[W, comps]
+        carry[comps] = (-lead).astype(np.float32).astype(np.float64)
+    carry[carry == 0] = 0.0  # no -0.0: states are compared bit for bit
+    f64[CARRY] = carry
+    f64[W] = new_weights
+    i64[RECV] = 0
+
+
+class _Python:
+    """The pure-Python twin of the C functions: the same results, the same changes to every
+    array (heap layouts included)."""
+
+    def __init__(
+        self,
+        f64: np.ndarray,
+        i64: np.ndarray,
+        heaps: np.ndarray,
+        table: LengthTable,
+        lane: int,
+        num_lanes: int,
+        seed: int,
+        flags: int,
+    ) -> None:
+        self.f64, self.i64, self.heaps, self.table = f64, i64, heaps, table
+        self.lane, self.num_lanes, self.seed, self.flags = lane, num_lanes, seed, flags
+        self.weights = f64[W].tolist()
+        self.carry = f64[CARRY].tolist()
+        self.start = f64[START].tolist()
+        self.finish = f64[FINISH].tolist()
+        self.recv, self.pos, self.tok, self.limits, self.sizes, self.nidx, self.nlen = (
+            i64[r].tolist() for r in range(I64_ROWS)
+        )
+        self.elig = heaps[0].tolist()
+        self.wait = heaps[1].tolist()
+
+    def _store(self) -> None:
+        f64, i64 = self.f64, self.i64
+        f64[START], f64[FINISH] = self.start, self.finish
+        for r, row in enumerate(
+            (self.recv, self.pos, self.tok, self.limits, self.sizes, self.nidx, self.nlen)
+        ):
+            i64[r] = row
+        self.heaps[0], self.heaps[1] = self.elig, self.wait
+
+    def _units(self, length: int) -> int:
+        return max(length, 1) if self.flags & FLAG_TOKEN_UNITS else 1
+
+    def _drawable(self, c: int) -> bool:
+        limit = self.limits[c]
+        return self.weights[c] > 0 and (limit < 0 or self.pos[c] < limit)
+
+    def _weight_sum(self) -> float:
+        total = 0.0
+        for c in range(len(self.weights)):
+            if self._drawable(c):
+                total += self.weights[c]
+        return total
+
+    def _next_sample(self, c: int) -> None:
+        n, p = self.sizes[c], self.pos[c]
+        g = self.lane + p * self.num_lanes
+        index = g % n
+        if self.flags & FLAG_SHUFFLE and n > 1:
             half_bits = _half_bits(n)
-            round_keys = _round_keys(mix64(seed, c, g // n), half_bits)
-            index = _permute_scalar(within, n, half_bits, round_keys)
+            round_keys = _round_keys(mix64(self.seed, c, g // n), half_bits)
+            index = _permute_scalar(index, n, half_bits, round_keys)
         length = 1
-        code = int(codes[c])
+        code = int(self.table.codes[c])
         if code:
-            source = lengths[c]
+            source = self.table.arrays[c]
             assert source is not None
             if code & CODE_OFFSETS:
                 length = int(source[index + 1]) - int(source[index])
@@ -208,40 +251,106 @@ def picks_python(
                 length = int(source[index])
             if length < 0:
                 raise ValueError(
-                    f"mixture_picks: sample {index} of component {c} has length {length}"
+                    f"mixture: sample {index} of component {c} has length {length}"
                 )
-            tokens[c] += length
-        out_c[picked], out_i[picked], out_l[picked] = c, index, length
-        picked += 1
-        positions[c] = p + 1
-        recv[c] += max(length, 1) if token_units else 1
-        if limits[c] >= 0 and p + 1 >= limits[c]:
-            heap_len -= 1
-            if heap_len > 0:
-                heap[0] = heap[heap_len]
-                _sift_down(heap, heap_len, keys)
-            if flags & FLAG_STOP_ON_EXHAUST:
-                return picked, heap_len, c, mix64(seed, lane, chunk_id)
-            continue
-        keys[c] = (float(recv[c]) - float(carry[c])) / float(weights[c])
-        _sift_down(heap, heap_len, keys)
-    return picked, heap_len, -1, mix64(seed, lane, chunk_id)
+        self.nidx[c], self.nlen[c] = index, length
 
+    def _tag(self, c: int) -> None:
+        w = self.weights[c]
+        self.start[c] = (float(self.recv[c]) - self.carry[c]) / w
+        self.finish[c] = self.start[c] + float(self._units(self.nlen[c])) / w
 
-def rebase(
-    f64: np.ndarray, i64: np.ndarray, heap: np.ndarray, heap_len: int, new_weights: np.ndarray
-) -> None:
-    """Move the scheduler's origin to now, for new weights: every component in the heap
-    keeps its lead over the lowest pass, in units (``carry = -(pass - lowest) * w``, as a
-    float32 so that it stays small in a checkpoint); the others start level with the
-    lowest. ``received`` restarts at 0. The caller rebuilds the heap."""
-    carry = np.zeros(f64.shape[1], dtype=np.float64)
-    if heap_len:
-        comps = heap[:heap_len]
-        lowest = f64[KEYS, int(heap[0])]
-        lead = -(f64[KEYS, comps] - lowest) * f64[W, comps]
-        carry[comps] = lead.astype(np.float32).astype(np.float64)
-    carry[carry == 0] = 0.0  # no -0.0: the state is compared bit for bit
-    f64[CARRY] = carry
-    f64[W] = new_weights
-    i64[RECV] = 0
+    @staticmethod
+    def _before(key: list[float], a: int, b: int) -> bool:
+        return key[a] < key[b] or (key[a] == key[b] and a < b)
+
+    def _push(self, heap: list[int], length: int, item: int, key: list[float]) -> int:
+        i = length
+        while i > 0:
+            parent = (i - 1) // 2
+            if not self._before(key, item, heap[parent]):
+                break
+            heap[i] = heap[parent]
+            i = parent
+        heap[i] = item
+        return length + 1
+
+    def _pop(self, heap: list[int], length: int, key: list[float]) -> tuple[int, int]:
+        top = heap[0]
+        length -= 1
+        if length > 0:
+            item, i = heap[length], 0
+            heap[0] = item
+            while True:
+                child = 2 * i + 1
+                if child >= length:
+                    break
+                if child + 1 < length and self._before(key, heap[child + 1], heap[child]):
+                    child += 1
+                if not self._before(key, heap[child], item):
+                    break
+                heap[i] = heap[child]
+                i = child
+            heap[i] = item
+        return top, length
+
+    def rebuild(self, vtime: float) -> tuple[int, int, float]:
+        n_elig = n_wait = 0
+        for c in range(len(self.weights)):
+            if not self._drawable(c):
+                continue
+            if self.nlen[c] < 0:
+                self._next_sample(c)
+            self._tag(c)
+            if self.start[c] <= vtime:
+                n_elig = self._push(self.elig, n_elig, c, self.finish)
+            else:
+                n_wait = self._push(self.wait, n_wait, c, self.start)
+        self._store()
+        return n_elig, n_wait, self._weight_sum()
+
+    def picks(
+        self,
+        out: np.ndarray,
+        k: int,
+        n_elig: int,
+        n_wait: int,
+        vtime: float,
+        wsum: float,
+        chunk_id: int,
+    ) -> tuple[int, int, int, float, float, int, int]:
+        picked, exhausted = 0, -1
+        got_c, got_i, got_l = [], [], []
+        while picked < k and n_elig + n_wait > 0:
+            while n_wait > 0 and self.start[self.wait[0]] <= vtime:
+                c, n_wait = self._pop(self.wait, n_wait, self.start)
+                n_elig = self._push(self.elig, n_elig, c, self.finish)
+            if n_elig == 0:
+                vtime = self.start[self.wait[0]]  # nothing eligible: time jumps ahead
+                continue
+            c, n_elig = self._pop(self.elig, n_elig, self.finish)
+            length = self.nlen[c]
+            units = self._units(length)
+            got_c.append(c)
+            got_i.append(self.nidx[c])
+            got_l.append(length)
+            picked += 1
+            self.pos[c] += 1
+            self.recv[c] += units
+            if self.table.codes[c]:
+                self.tok[c] += length
+            vtime += float(units) / wsum
+            if self.limits[c] >= 0 and self.pos[c] >= self.limits[c]:
+                self.nlen[c] = -1
+                wsum = self._weight_sum()
+                if self.flags & FLAG_STOP_ON_EXHAUST:
+                    exhausted = c
+                    break
+                continue
+            self._next_sample(c)
+            self._tag(c)
+            n_wait = self._push(self.wait, n_wait, c, self.start)
+        out[0, :picked], out[1, :picked], out[2, :picked] = got_c, got_i, got_l
+        self._store()
+        seed = mix64(self.seed, self.lane, chunk_id)
+        return picked, n_elig, n_wait, vtime, wsum, exhausted, seed

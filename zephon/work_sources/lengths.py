@@ -320,7 +320,10 @@ def _describe(dataset: Any) -> str:
 
 def _data_hint(dataset: Any) -> str:
     paths = _data_paths(dataset)
-    return "DATA" if paths is None else paths[0]
+    field = getattr(dataset, "_field", None)  # JsonlSource / ParquetSource(field=...)
+    return ("DATA" if paths is None else " ".join(paths)) + (
+        f" --field {field}" if isinstance(field, str) else ""
+    )
 
 
 def _counter(tokenizer: Any) -> Callable[[list[Any]], list[int]]:

@@ -7,17 +7,19 @@ c, e))`` (the identity without shuffling). Lane ``l`` of ``L`` takes global posi
 epoch, together cover it, and every lane gets samples even when ``N < L``. Sample ``p`` of
 the lane is ``permute(g % N, N, mix64(seed, c, g // N))``.
 
-Components are interleaved by passes (:mod:`zephon.work_sources.interleave`): the lane deals
-from the component whose units received, divided by its weight, are lowest, a unit being a
-sample (``weight_unit="samples"``) or a token (``"tokens"``: the sample's token count, from
-``lengths``). No random draws, so every window of the stream tracks the weights. With
+Components are interleaved by worst-case fair weighted fair queueing (WF2Q+, see
+:mod:`zephon.work_sources.interleave`): every component stays within about one of its
+samples of its share of the lane's units, a unit being a sample (``weight_unit="samples"``)
+or a token (``"tokens"``: the sample's token count, from ``lengths``). No random draws, so
+every window of the stream tracks the weights. With
 ``num_epochs`` a component is exhausted for the lane once ``g >= E * N``; it then leaves the
 interleave and the others share its place (``on_exhausted="renormalize"``), or the lane ends
 (``"stop"``). ``weights`` may be a :class:`~zephon.Schedule` of the lane's own progress.
 
-State is ``(next_chunk_id, the lane's tokens, where the weights were last looked up, and per
-component: position, tokens, units received since the last change of weights, a carried
-credit)``: constant size, packed small, and restoring it costs nothing whatever the position.
+State is ``(next_chunk_id, the lane's tokens, where the weights were last looked up, the
+virtual time, and per component: position, tokens, units received since the last change of
+weights, a carried credit)``: constant size, packed small, and restoring it costs nothing
+whatever the position.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ _STATE_KEYS = (
     "next_chunk_id",
     "lane_tokens",
     "schedule_position",
+    "virtual_time",
     "positions",
     "tokens",
     "received",
@@ -141,8 +144,8 @@ def _unpack_carry(data: Any, count: int) -> np.ndarray:
     if not data:
         return np.zeros(count, dtype=np.float64)
     carry = np.frombuffer(data, dtype="<f4").astype(np.float64)
-    if not np.all(np.isfinite(carry)) or np.any(carry > 0):
-        raise CheckpointError("state carry must be finite and <= 0 (a lead over the lowest pass)")
+    if not np.all(np.isfinite(carry)):
+        raise CheckpointError("state carry must be finite float32s")
     carry[carry == 0] = 0.0
     return carry
 
@@ -390,7 +393,9 @@ class StaticMixtureWorkSource:
                 return None
             value = _as_int(what, value)
             if value < 1:
-                raise ValueError(f"{what} must be >= 1, or None to repeat forever; got {value}")
+                raise ValueError(
+                    f"{what} must be >= 1, or None to repeat forever; got {what}={value}"
+                )
             return value
 
         if isinstance(num_epochs, Mapping):
@@ -456,8 +461,9 @@ class StaticMixtureWorkSource:
         """Bind to a lane and rewind to the start of its stream."""
         self._lane, self._num_lanes = _validate_lane(lane, num_lanes)
         k = self.num_components
-        self._f64 = np.zeros((3, k), dtype=np.float64)
-        self._i64 = np.zeros((5, k), dtype=np.int64)
+        self._f64 = np.zeros((il.F64_ROWS, k), dtype=np.float64)
+        self._i64 = np.zeros((il.I64_ROWS, k), dtype=np.int64)
+        self._i64[il.NLEN] = -1
         self._i64[il.SIZE] = self._lengths
         self._i64[il.LIMIT] = [
             -1
@@ -465,7 +471,8 @@ class StaticMixtureWorkSource:
             else max(0, -(-(e * n - self._lane) // self._num_lanes))
             for e, n in zip(self._epochs, self._lengths, strict=True)
         ]
-        self._heap = np.zeros(k, dtype=np.int32)
+        self._heaps = np.zeros((2, k), dtype=np.int32)
+        self._vtime = 0.0
         self._out = np.empty((3, self._chunk_size), dtype=np.int64)
         self._next_chunk_id = 0
         self._lane_tokens = 0
@@ -482,8 +489,17 @@ class StaticMixtureWorkSource:
         return (limits >= 0) & (self._i64[il.POS] >= limits)
 
     def _rebuild(self) -> None:
-        drawable = (self._f64[il.W] > 0) & ~self._exhausted_mask()
-        self._heap_len = il.build_heap(self._f64, self._i64, self._heap, drawable)
+        self._eligible, self._waiting, self._weight_sum = il.rebuild(
+            self._f64,
+            self._i64,
+            self._heaps,
+            self._table,
+            self._lane,
+            self._num_lanes,
+            self._seed & 0xFFFFFFFFFFFFFFFF,
+            self._flags,
+            self._vtime,
+        )
 
     def _set_weights(self, position: int) -> None:
         """The weights at schedule ``position`` into the weight row (no rebase)."""
@@ -513,7 +529,10 @@ class StaticMixtureWorkSource:
         if np.array_equal(new, self._f64[il.W]):
             self._segment = segment
             return
-        il.rebase(self._f64, self._i64, self._heap, self._heap_len, new)
+        il.rebase(
+            self._f64, self._i64, self._heaps, self._eligible, self._waiting, self._vtime, new
+        )
+        self._vtime = 0.0
         self._schedule_position = position
         self._segment = segment
         self._rebuild()
@@ -664,18 +683,29 @@ class StaticMixtureWorkSource:
             return None
         if self._schedule is not None:
             self._follow_schedule()
-        if self._heap_len == 0:
+        if self._eligible + self._waiting == 0:
             return None
         chunk_id = self._next_chunk_id
         out = self._out
-        picked, self._heap_len, exhausted, chunk_seed = il.picks(
+        (
+            picked,
+            self._eligible,
+            self._waiting,
+            self._vtime,
+            self._weight_sum,
+            exhausted,
+            chunk_seed,
+        ) = il.picks(
             self._f64,
             self._i64,
-            self._heap,
+            self._heaps,
             self._table,
             out,
             self._chunk_size,
-            self._heap_len,
+            self._eligible,
+            self._waiting,
+            self._vtime,
+            self._weight_sum,
             self._lane,
             self._num_lanes,
             self._seed & 0xFFFFFFFFFFFFFFFF,
@@ -699,8 +729,8 @@ class StaticMixtureWorkSource:
 
     def state_dict(self) -> dict[str, Any]:
         """``{"version", "lane", "num_lanes", "next_chunk_id", "lane_tokens",
-        "schedule_position", "positions", "tokens", "received", "carry", "stopped"}``: a few
-        ints, and per component packed bytes whose size does not grow with the progress
+        "schedule_position", "virtual_time", "positions", "tokens", "received", "carry",
+        "stopped"}``: a few numbers, and per component packed bytes whose size does not grow with the progress
         (``received`` is stored as its difference from the samples or tokens dealt, zero
         until the weights first change; ``carry`` is empty until then)."""
         return {
@@ -710,6 +740,7 @@ class StaticMixtureWorkSource:
             "next_chunk_id": self._next_chunk_id,
             "lane_tokens": self._lane_tokens,
             "schedule_position": self._schedule_position,
+            "virtual_time": self._vtime,
             "positions": pack_ints(self._i64[il.POS]),
             "tokens": pack_ints(self._i64[il.TOK]),
             "received": pack_ints(self._received_base() - self._i64[il.RECV]),
@@ -763,6 +794,11 @@ class StaticMixtureWorkSource:
         next_chunk_id = _checked_count("next_chunk_id", state["next_chunk_id"])
         lane_tokens = _checked_count("lane_tokens", state["lane_tokens"])
         position = _checked_count("schedule_position", state["schedule_position"])
+        vtime = state["virtual_time"]
+        if not isinstance(vtime, float) or not math.isfinite(vtime):
+            raise CheckpointError(
+                f"state virtual_time must be a finite float; got {vtime!r:.40}"
+            )
         stopped = state["stopped"]
         if not isinstance(stopped, bool):
             raise CheckpointError(f"state stopped must be a bool; got {stopped!r:.40}")
@@ -802,6 +838,8 @@ class StaticMixtureWorkSource:
         self._i64[il.TOK] = tokens
         self._i64[il.RECV] = received
         self._f64[il.CARRY] = carry
+        self._i64[il.NLEN] = -1
+        self._vtime = vtime
         self._set_weights(position)
         self._rebuild()
 
@@ -853,6 +891,7 @@ class StaticMixtureWorkSource:
         fresh._lane_tokens = lane_tokens
         fresh._set_weights(position)
         fresh._i64[il.RECV] = 0  # the interleave's origin: now
+        fresh._vtime = 0.0
         weighted = fresh._f64[il.W] > 0
         fresh._stopped = self._on_exhausted == "stop" and bool(
             np.any(weighted & fresh._exhausted_mask())
