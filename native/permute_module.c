@@ -21,6 +21,7 @@
 #include <Python.h>
 
 #include <stdint.h>
+#include <string.h>
 
 #define MAX_ROUNDS 64
 
@@ -250,6 +251,7 @@ typedef struct {
     Py_buffer *views;   /* [ncomp]; views[c].obj == NULL where there are no lengths */
     uint8_t *codes;     /* [ncomp] */
     Py_ssize_t *counts; /* [ncomp] samples covered */
+    uint64_t *keys;     /* [ncomp] each component's permutation key (from its name) */
 } LengthTable;
 
 #define TABLE_NAME "zephon._permute.LengthTable"
@@ -268,39 +270,49 @@ static void table_free(PyObject *capsule) {
     PyMem_Free(t->views);
     PyMem_Free(t->codes);
     PyMem_Free(t->counts);
+    PyMem_Free(t->keys);
     PyMem_Free(t);
 }
 
 PyDoc_STRVAR(length_table_doc,
-             "length_table(lengths, codes, /) -> capsule\n\n"
-             "Holds each component's lengths buffer (lengths[c], None for none) for\n"
-             "mixture_picks; codes[c] says how to read it (see interleave.py).");
+             "length_table(lengths, codes, keys, /) -> capsule\n\n"
+             "Holds each component's lengths buffer (lengths[c], None for none) and its\n"
+             "permutation key (uint64 keys[c]) for the mixture functions; codes[c] says how\n"
+             "to read the lengths (see interleave.py).");
 
 static PyObject *py_length_table(PyObject *Py_UNUSED(self), PyObject *args) {
-    PyObject *lengths, *codes_obj;
-    if (!PyArg_ParseTuple(args, "O!O:length_table", &PyTuple_Type, &lengths, &codes_obj)) {
+    PyObject *lengths, *codes_obj, *keys_obj;
+    if (!PyArg_ParseTuple(args, "O!OO:length_table", &PyTuple_Type, &lengths, &codes_obj,
+                          &keys_obj)) {
         return NULL;
     }
     Py_ssize_t ncomp = PyTuple_GET_SIZE(lengths);
-    Py_buffer cb;
+    Py_buffer cb, kb;
+    if (get_buffer(keys_obj, &kb, 8, ncomp, 0, "keys") != 0) {
+        return NULL;
+    }
     if (get_buffer(codes_obj, &cb, 1, ncomp, 0, "codes") != 0) {
+        PyBuffer_Release(&kb);
         return NULL;
     }
     LengthTable *t = PyMem_Calloc(1, sizeof(*t));
     if (t == NULL) {
         PyBuffer_Release(&cb);
+        PyBuffer_Release(&kb);
         return PyErr_NoMemory();
     }
     size_t slots = (size_t)(ncomp ? ncomp : 1);
     t->views = PyMem_Calloc(slots, sizeof(Py_buffer));
     t->codes = PyMem_Calloc(slots, 1);
     t->counts = PyMem_Calloc(slots, sizeof(Py_ssize_t));
+    t->keys = PyMem_Calloc(slots, sizeof(uint64_t));
     PyObject *capsule = NULL;
-    if (t->views == NULL || t->codes == NULL || t->counts == NULL) {
+    if (t->views == NULL || t->codes == NULL || t->counts == NULL || t->keys == NULL) {
         PyErr_NoMemory();
         goto fail;
     }
     t->ncomp = ncomp;
+    memcpy(t->keys, kb.buf, (size_t)ncomp * sizeof(uint64_t));
     for (Py_ssize_t c = 0; c < ncomp; c++) {
         uint8_t code = ((const uint8_t *)cb.buf)[c];
         PyObject *item = PyTuple_GET_ITEM(lengths, c);
@@ -321,15 +333,20 @@ static PyObject *py_length_table(PyObject *Py_UNUSED(self), PyObject *args) {
         t->counts[c] = t->views[c].len / size - ((code & CODE_OFFSETS) ? 1 : 0);
     }
     PyBuffer_Release(&cb);
+    PyBuffer_Release(&kb);
     capsule = PyCapsule_New(t, TABLE_NAME, table_free);
     if (capsule == NULL) {
         cb.obj = NULL;
+        kb.obj = NULL;
         goto fail;
     }
     return capsule;
 fail:
     if (cb.obj != NULL) {
         PyBuffer_Release(&cb);
+    }
+    if (kb.obj != NULL) {
+        PyBuffer_Release(&kb);
     }
     for (Py_ssize_t c = 0; c < ncomp && t->views != NULL; c++) {
         if (t->views[c].obj != NULL) {
@@ -339,6 +356,7 @@ fail:
     PyMem_Free(t->views);
     PyMem_Free(t->codes);
     PyMem_Free(t->counts);
+    PyMem_Free(t->keys);
     PyMem_Free(t);
     return NULL;
 }
@@ -417,7 +435,7 @@ static int next_sample(Lane *ln, int32_t c) {
     uint64_t g = ln->lane + p * ln->num_lanes;
     uint64_t within = g % n;
     uint64_t index = (ln->flags & FLAG_SHUFFLE)
-                         ? permuted(within, n, mix64_3(ln->seed, (uint64_t)c, g / n))
+                         ? permuted(within, n, mix64_3(ln->seed, ln->table->keys[c], g / n))
                          : within;
     int64_t length = 1;
     uint8_t code = ln->table->codes[c];

@@ -35,7 +35,7 @@ from zephon.operators.tokenize import Tokenize
 from zephon.runners.lanes import INTERLEAVE, OUTPUTS
 from zephon.runners.processes import ProcessExecutor
 from zephon.topology import Topology, resolve_topology
-from zephon.tracking import LaneTracker
+from zephon.tracking import HELD, LaneTracker, checked_holds
 from zephon.work_sources.mixture_change import (
     MixtureChange,
     check_inflight,
@@ -495,13 +495,25 @@ class Pipeline:
                 f"checkpoint has no state for lanes {missing} that this rank owns; restore a "
                 "merged (all-rank) checkpoint: set aggregate_dir= or aggregate_store="
             )
-        for op in self._compiled().ops:
-            if isinstance(op, EnsureMixture):
-                op.hold({})  # what an earlier restore into this pipeline held
+        holds: dict[int, list[list[Any]]] = {}
+        for lane in self.lanes:
+            if isinstance(by_lane[lane], dict):
+                try:
+                    holds[lane] = checked_holds(by_lane[lane])
+                except CheckpointError as e:
+                    raise CheckpointError(f"lane {lane}: {e}") from e
         change = None
         if planned is not None:
             change, kept = planned
-            by_lane = self._change_mixture(state, change, kept, by_lane)
+            by_lane, holds = self._change_mixture(state, change, kept, by_lane, holds)
+        for i, op in enumerate(self._compiled().ops):
+            if isinstance(op, EnsureMixture):  # (replacing what an earlier restore held)
+                op.hold(
+                    {
+                        lane: [(until, w) for o, until, w in entries if o == i]
+                        for lane, entries in holds.items()
+                    }
+                )
         topo = self._topology
         same_layout = saved_dp_size == topo.dp_size
         if same_layout and topo.dp_rank not in next_lanes:
@@ -524,6 +536,7 @@ class Pipeline:
             for lane in self.lanes:
                 tracker = engine.trackers[lane]
                 replayed += tracker.load(by_lane[lane])
+                tracker.held = holds.get(lane, [])
                 engine.executor.set_target(lane, tracker.cursor)
         except CheckpointError:
             # Nothing half-restored survives: the next restore() or next() starts clean.
@@ -547,10 +560,12 @@ class Pipeline:
         change: MixtureChange,
         kept: dict[str, str],
         by_lane: dict[int, Any],
-    ) -> dict[int, Any]:
+        holds: dict[int, list[list[Any]]],
+    ) -> tuple[dict[int, Any], dict[int, list[list[Any]]]]:
         """The lane states of this rank translated into the new mixture (see
-        :mod:`zephon.work_sources.mixture_change`); ``ensure_mixture`` told to hold the old
-        weights while the in-flight epochs replay."""
+        :mod:`zephon.work_sources.mixture_change`), and what each ``ensure_mixture`` must hold
+        per lane while the in-flight epochs replay: ``[op, until, weights]`` entries in the
+        new component order."""
         source = self.source
         if not callable(getattr(source, "remapped_state", None)):
             raise CheckpointError(
@@ -566,6 +581,15 @@ class Pipeline:
         for c, name in enumerate(new_names):
             if name in kept:
                 old_to_new[old_index[kept[name]]] = c
+
+        def remapped(weights: list[float]) -> list[float]:
+            if len(weights) != len(old_names):
+                raise CheckpointError(
+                    f"a held entry has {len(weights)} weights for the checkpoint's "
+                    f"{len(old_names)} components"
+                )
+            return [0.0 if n not in kept else weights[old_index[kept[n]]] for n in new_names]
+
         plan = self._compiled()
         ensure = [(i, op) for i, op in enumerate(plan.ops) if isinstance(op, EnsureMixture)]
         if ensure:
@@ -580,15 +604,18 @@ class Pipeline:
                 )
         saved_parts = state.get(FINGERPRINT_PARTS) or {}
         k = plan.flush_every_k_chunks
-        for i, op in ensure:
-            old_w = _old_ensure_weights(saved_parts, i, op, len(old_names))
-            held = [0.0 if n not in kept else old_w[old_index[kept[n]]] for n in new_names]
-            holds = {}
-            for lane, ls in mine.items():
-                next_id = ls.get("next_chunk_id") if isinstance(ls, dict) else None
-                if isinstance(next_id, int) and next_id > 0 and k > 0:
-                    holds[lane] = (-(-next_id // k) * k, held)
-            op.hold(holds)
+        new_holds: dict[int, list[list[Any]]] = {}
+        for lane, ls in mine.items():
+            entries = [[o, until, remapped(w)] for o, until, w in holds.get(lane, [])]
+            next_id = ls.get("next_chunk_id") if isinstance(ls, dict) else None
+            if isinstance(next_id, int) and next_id > 0 and k > 0:
+                until = -(-next_id // k) * k  # the flush that ends the lane's last epoch
+                for i, op in ensure:
+                    if any(o == i and u >= until for o, u, _ in entries):
+                        continue  # an earlier hold already covers that epoch
+                    old_w = _old_ensure_weights(saved_parts, i, op, len(old_names))
+                    entries.append([i, until, remapped(old_w)])
+            new_holds[lane] = sorted(entries, key=lambda e: (e[0], e[1]))
         out = dict(by_lane)
         for lane, ls in mine.items():
             if not isinstance(ls, dict):
@@ -599,7 +626,9 @@ class Pipeline:
                 )
             except CheckpointError as e:
                 raise CheckpointError(f"lane {lane}: work source state: {e}") from e
-            out[lane] = {**remap_inflight(ls, old_to_new), "source": translated}
+            lane_state = {**remap_inflight(ls, old_to_new), "source": translated}
+            lane_state.pop(HELD, None)
+            out[lane] = lane_state
         if change.replaced:
             warnings.warn(
                 f"restore: the data of {list(change.replaced)} is not what the checkpoint was "
@@ -608,7 +637,7 @@ class Pipeline:
                 UserWarning,
                 stacklevel=3,
             )
-        return out
+        return out, new_holds
 
     def _check_fingerprint(
         self, state: dict[str, Any], allow_mixture_change: bool = False

@@ -53,9 +53,9 @@ class EnsureMixture(LaneStateOperator):
         self.buffer_size = buffer_size
         self._w: tuple[float, ...] = ()
         self._active: tuple[int, ...] = ()
-        # lane -> (flush chunk id it holds until, weights, active components); see hold()
-        self._held: dict[int, tuple[int, tuple[float, ...], tuple[int, ...]]] = {}
-        self._releasing: set[int] = set()
+        # lane -> [(flush chunk id it holds until, weights, active components), ...]; hold()
+        self._held: dict[int, list[tuple[int, tuple[float, ...], tuple[int, ...]]]] = {}
+        self._releasing: dict[int, int] = {}  # lane -> boundary of the flush under way
 
     def bind(self, ctx: PipelineContext) -> None:
         weights = self.weights if self.weights is not None else ctx.weights
@@ -85,25 +85,29 @@ class EnsureMixture(LaneStateOperator):
         self._w = tuple(w / s for w in weights)
         self._active = tuple(i for i, w in enumerate(self._w) if w > 0)
 
-    def hold(self, held: Mapping[int, tuple[int, Sequence[float]]]) -> None:
+    def hold(self, held: Mapping[int, Sequence[tuple[int, Sequence[float]]]]) -> None:
         """Per lane, weights (in this pipeline's component order) to use instead of the
-        bound ones until the flush sentinel of chunk id ``until`` or later has passed:
-        ``{lane: (until, weights)}``; replaces what was held. A hook for
-        ``Pipeline.restore(allow_mixture_change=True)``."""
+        bound ones until the flush sentinel of chunk ``until`` (or a later one) has passed:
+        ``{lane: [(until, weights), ...]}`` in ascending ``until``; replaces what was held.
+        A hook for ``Pipeline.restore(allow_mixture_change=True)``."""
         self._held = {
-            lane: (int(until), tuple(w), tuple(c for c, x in enumerate(w) if x > 0))
-            for lane, (until, w) in held.items()
+            lane: [
+                (int(until), tuple(w), tuple(c for c, x in enumerate(w) if x > 0))
+                for until, w in entries
+            ]
+            for lane, entries in held.items()
+            if entries
         }
-        self._releasing = set()
+        self._releasing = {}
 
     def _weights(self, lane: int) -> tuple[tuple[float, ...], tuple[int, ...]]:
         held = self._held.get(lane) if self._held else None
-        return (self._w, self._active) if held is None else (held[1], held[2])
+        return (self._w, self._active) if not held else (held[0][1], held[0][2])
 
     def on_sentinel(self, sentinel: FlushSentinel) -> None:
         held = self._held.get(sentinel.lane) if self._held else None
-        if held is not None and (sentinel.final or sentinel.boundary >= held[0]):
-            self._releasing.add(sentinel.lane)
+        if held:
+            self._releasing[sentinel.lane] = -1 if sentinel.final else sentinel.boundary
 
     def _state(self, lane: int) -> _Mix:
         st = self._lanes.get(lane)
@@ -156,15 +160,20 @@ class EnsureMixture(LaneStateOperator):
         return out
 
     def _release(self, lane_id: int) -> None:
-        if lane_id in self._releasing:
-            self._releasing.discard(lane_id)
+        boundary = self._releasing.pop(lane_id, None)
+        if boundary is None:
+            return
+        held = [h for h in self._held.get(lane_id, []) if boundary >= 0 and h[0] > boundary]
+        if held:
+            self._held[lane_id] = held
+        else:
             self._held.pop(lane_id, None)
 
     def fresh(self) -> EnsureMixture:
         clone = super().fresh()
         assert isinstance(clone, EnsureMixture)
-        clone._held = dict(self._held)
-        clone._releasing = set()
+        clone._held = {lane: list(entries) for lane, entries in self._held.items()}
+        clone._releasing = {}
         return clone
 
     def pending(self, lane_id: int) -> int:

@@ -39,11 +39,13 @@ the same inputs and compare every array):
   after the pick that exhausts a component, naming it).
 
 Sample ``p`` of component ``c`` in lane ``l`` of ``L`` is global position ``g = l + p * L``,
-dataset index ``permute(g % N, N, mix64(seed, c, g // N))`` (or ``g % N`` unshuffled).
+dataset index ``permute(g % N, N, mix64(seed, component_key(name_c), g // N))`` (or ``g % N``
+unshuffled).
 """
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import numpy as np
@@ -64,6 +66,7 @@ __all__ = [
     "FLAG_STOP_ON_EXHAUST",
     "FLAG_TOKEN_UNITS",
     "LengthTable",
+    "component_key",
     "length_code",
     "picks",
     "rebase",
@@ -93,19 +96,32 @@ def length_code(array: np.ndarray | None, offsets: bool = False) -> int:
     return int(array.dtype.itemsize) | (CODE_SIGNED if array.dtype.kind == "i" else 0)
 
 
-class LengthTable:
-    """Every component's lengths array (None for none) and its code, for :func:`picks`."""
+def component_key(name: str) -> int:
+    """The 64-bit key of a component's permutations, from its name: a dataset's sample
+    order does not depend on where it sits in the mixture (a restore into an edited mixture
+    keeps it)."""
+    digest = hashlib.blake2b(name.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
 
-    def __init__(self, arrays: tuple[np.ndarray | None, ...], codes: np.ndarray) -> None:
+
+class LengthTable:
+    """Every component's lengths array (None for none), its code and its permutation key,
+    for :func:`picks`."""
+
+    def __init__(
+        self, arrays: tuple[np.ndarray | None, ...], codes: np.ndarray, keys: np.ndarray
+    ) -> None:
         self.arrays = arrays
         self.codes = codes
-        self.native = None if _NATIVE is None else _NATIVE.length_table(arrays, codes)
+        self.keys = np.ascontiguousarray(keys, dtype=np.uint64)
+        self.native = None if _NATIVE is None else _NATIVE.length_table(arrays, codes, self.keys)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"arrays": self.arrays, "codes": self.codes}  # a capsule does not pickle
+        # A capsule does not pickle: the receiver builds its own.
+        return {"arrays": self.arrays, "codes": self.codes, "keys": self.keys}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["arrays"], state["codes"])  # type: ignore[misc]
+        self.__init__(state["arrays"], state["codes"], state["keys"])  # type: ignore[misc]
 
 
 def rebuild(
@@ -238,7 +254,8 @@ class _Python:
         index = g % n
         if self.flags & FLAG_SHUFFLE and n > 1:
             half_bits = _half_bits(n)
-            round_keys = _round_keys(mix64(self.seed, c, g // n), half_bits)
+            key = int(self.table.keys[c])
+            round_keys = _round_keys(mix64(self.seed, key, g // n), half_bits)
             index = _permute_scalar(index, n, half_bits, round_keys)
         length = 1
         code = int(self.table.codes[c])

@@ -1,11 +1,13 @@
 """StaticMixtureWorkSource: a weighted mixture of random-access datasets, one lane of it.
 
-Per component ``c`` (dataset of length ``N``) the global sample stream is the concatenation
-of dataset epochs ``e = 0, 1, 2, …``, epoch ``e`` being ``permute(range(N), N, key=mix64(seed,
-c, e))`` (the identity without shuffling). Lane ``l`` of ``L`` takes global positions
-``g = l + p * L`` for ``p = 0, 1, 2, …`` — so the lanes are disjoint within every dataset
-epoch, together cover it, and every lane gets samples even when ``N < L``. Sample ``p`` of
-the lane is ``permute(g % N, N, mix64(seed, c, g // N))``.
+Per component ``c`` (dataset of length ``N``, named ``name``) the global sample stream is the
+concatenation of dataset epochs ``e = 0, 1, 2, …``, epoch ``e`` being ``permute(range(N), N,
+key=mix64(seed, k, e))`` with ``k = component_key(name)`` (64 bits of the name's blake2b:
+the order does not depend on the dataset's place in the mixture), or the identity without
+shuffling. Lane ``l`` of ``L`` takes global positions ``g = l + p * L`` for ``p = 0, 1, 2,
+…`` — so the lanes are disjoint within every dataset epoch, together cover it, and every lane
+gets samples even when ``N < L``. Sample ``p`` of the lane is ``permute(g % N, N, mix64(seed,
+k, g // N))``.
 
 Components are interleaved by worst-case fair weighted fair queueing (WF2Q+, see
 :mod:`zephon.work_sources.interleave`): every component stays within about one of its
@@ -291,7 +293,9 @@ class StaticMixtureWorkSource:
             dtype=np.uint8,
         )
         self._table = il.LengthTable(
-            tuple(None if t is None else t.array for t in self._token_lengths), self._codes
+            tuple(None if t is None else t.array for t in self._token_lengths),
+            self._codes,
+            np.array([il.component_key(n) for n in names], dtype=np.uint64),
         )
         self._all_lengths = all(t is not None for t in self._token_lengths)
         self._has_lengths = any(t is not None for t in self._token_lengths)
