@@ -138,7 +138,7 @@ class ParquetSource:
 
             try:
                 parts.append(self._with_file(path, read).to_numpy())
-            except KeyError as e:
+            except (KeyError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
                 raise ValueError(f"ParquetSource: {path} has no column {column!r}") from e
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
