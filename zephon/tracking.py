@@ -440,9 +440,7 @@ def checked_holds(state: dict[str, Any]) -> list[list[Any]]:
     last: dict[int, int] = {}
     for entry in raw:
         if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[2], list)):
-            raise CheckpointError(
-                f"a held entry must be [op, until, weights]; got {_shown(entry)}"
-            )
+            raise CheckpointError(f"a held entry must be [op, until, weights]; got {_shown(entry)}")
         op = checked_count("held operator", entry[0])
         until = checked_count("held until", entry[1])
         weights = entry[2]
@@ -456,6 +454,8 @@ def checked_holds(state: dict[str, Any]) -> list[list[Any]]:
         last[op] = until
         out.append([op, until, [float(w) for w in weights]])
     return out
+
+
 _CHUNK_KEYS = ("lane", "chunk_id", "components", "indices", "seed")
 
 

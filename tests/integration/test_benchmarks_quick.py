@@ -29,6 +29,7 @@ SCRIPTS = [
     "round_latency",
     "ring_depth",
     "many_lanes",
+    "many_components",
 ]
 
 

@@ -40,7 +40,10 @@ def build(
     datasets = {n: data(n, 500 if n in shifted else 0) for n in weights}
     kw = {}
     if unit == "tokens":
-        kw = {"weight_unit": "tokens", "lengths": {n: np.full(SIZES[n], 1 + i) for i, n in enumerate(weights)}}
+        kw = {
+            "weight_unit": "tokens",
+            "lengths": {n: np.full(SIZES[n], 1 + i) for i, n in enumerate(weights)},
+        }
     src = zp.StaticMixtureWorkSource(
         datasets, weights, seed=seed, chunk_size=4, num_epochs=num_epochs, **kw
     )
@@ -166,7 +169,9 @@ def test_exact_resume_across_and_after_a_change(unit) -> None:
     with build_changed() as p:
         first = roundtrip(p.checkpoint())
     assert any("held" in ls for ls in first["lanes"])  # the hold travels in the checkpoint
-    assert_resumes_exactly(build_changed, cuts=range(0, 40, 3), restore_build=lambda: build(new, unit=unit))
+    assert_resumes_exactly(
+        build_changed, cuts=range(0, 40, 3), restore_build=lambda: build(new, unit=unit)
+    )
 
 
 def test_new_chunks_follow_the_new_weights() -> None:
@@ -183,7 +188,10 @@ def test_a_removed_dataset_with_samples_in_flight_is_refused_then_dropped_later(
     _, state = checkpoint_after({"a": 1.0, "b": 1.0}, 4, num_epochs=None)
     assert any(v >= 1000 for v in samples_inflight(state))
     with build({"a": 1.0}, num_epochs=None) as p:
-        with pytest.raises(CheckpointError, match=r"cannot restore into this mixture: 'b' \(not in the new mixture\): \d+ samples in flight in lanes \[") as e:
+        with pytest.raises(
+            CheckpointError,
+            match=r"cannot restore into this mixture: 'b' \(not in the new mixture\): \d+ samples in flight in lanes \[",
+        ) as e:
             p.restore(state, allow_mixture_change=True)
     assert "keep each with weight 0" in str(e.value) and "zephon inspect" in str(e.value)
     # Kept with weight 0, it is never drawn again; once nothing of it is in flight it goes.
@@ -233,7 +241,9 @@ def test_a_dataset_whose_content_changed_is_treated_as_new_and_the_restore_says_
 def test_changed_content_with_samples_in_flight_is_refused() -> None:
     _, state = checkpoint_after({"a": 1.0, "b": 1.0}, 4, num_epochs=None)
     with build({"a": 1.0, "b": 1.0}, num_epochs=None, shifted=("b",)) as p:
-        with pytest.raises(CheckpointError, match=r"'b' \(holds other data now\): \d+ samples in flight"):
+        with pytest.raises(
+            CheckpointError, match=r"'b' \(holds other data now\): \d+ samples in flight"
+        ):
             p.restore(state, allow_mixture_change=True)
 
 
@@ -248,14 +258,19 @@ def test_only_the_mixture_may_change() -> None:
         ):
             p.restore(state, allow_mixture_change=True)
     with build({"a": 1.0, "b": 2.0}) as p:  # without the flag, a reweight is refused as before
-        with pytest.raises(CheckpointError, match=r"component 1 \('b'\) weight: the checkpoint has"):
+        with pytest.raises(
+            CheckpointError, match=r"component 1 \('b'\) weight: the checkpoint has"
+        ):
             p.restore(state)
 
 
 def test_ensure_mixture_needs_the_kept_datasets_in_their_order() -> None:
     _, state = checkpoint_after({"a": 1.0, "b": 1.0}, 4)
     with build({"b": 1.0, "a": 1.0}) as p:
-        with pytest.raises(CheckpointError, match=r"must keep their relative order \(was \['a', 'b'\], now \['b', 'a'\]\)"):
+        with pytest.raises(
+            CheckpointError,
+            match=r"must keep their relative order \(was \['a', 'b'\], now \['b', 'a'\]\)",
+        ):
             p.restore(state, allow_mixture_change=True)
     _, state = checkpoint_after({"a": 1.0, "b": 1.0}, 4, ensure=False)
     with build({"b": 1.0, "a": 1.0}, ensure=False) as p:  # without it, order is free

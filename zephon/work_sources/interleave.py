@@ -166,8 +166,21 @@ def picks(
     at, or -1; ``chunk_seed`` is ``mix64(seed, lane, chunk_id)`` (cheaper in C)."""
     if table.native is not None and _NATIVE is not None:
         return _NATIVE.mixture_picks(  # type: ignore[no-any-return]
-            f64, i64, heaps, table.native, out, k, eligible, waiting, vtime, weight_sum,
-            lane, num_lanes, seed, chunk_id, flags,
+            f64,
+            i64,
+            heaps,
+            table.native,
+            out,
+            k,
+            eligible,
+            waiting,
+            vtime,
+            weight_sum,
+            lane,
+            num_lanes,
+            seed,
+            chunk_id,
+            flags,
         )
     return _Python(f64, i64, heaps, table, lane, num_lanes, seed, flags).picks(
         out, k, eligible, waiting, vtime, weight_sum, chunk_id
@@ -267,9 +280,7 @@ class _Python:
             else:
                 length = int(source[index])
             if length < 0:
-                raise ValueError(
-                    f"mixture: sample {index} of component {c} has length {length}"
-                )
+                raise ValueError(f"mixture: sample {index} of component {c} has length {length}")
         self.nidx[c], self.nlen[c] = index, length
 
     def _tag(self, c: int) -> None:

@@ -253,7 +253,11 @@ def _mismatch(header: dict[str, Any], expected: dict[str, Any]) -> list[str]:
 
 
 def open_length_index(
-    dataset: Any, tokenizer: Any, path: str | os.PathLike[str] | None = None, *, field: str | None = None
+    dataset: Any,
+    tokenizer: Any,
+    path: str | os.PathLike[str] | None = None,
+    *,
+    field: str | None = None,
 ) -> np.ndarray:
     """The token counts of ``dataset`` under ``tokenizer``, memory-mapped from its index.
 
@@ -286,7 +290,11 @@ def open_length_index(
         partial = os.path.exists(target + PARTIAL)
         raise LengthIndexError(
             f"no length index at {target}"
-            + (" (an interrupted build left its .partial: run it again to finish)" if partial else "")
+            + (
+                " (an interrupted build left its .partial: run it again to finish)"
+                if partial
+                else ""
+            )
             + f"; build it with `zephon lengths {_data_hint(dataset)} --tokenizer ...`"
             + ("" if field is None else f" --field {field}")
         )

@@ -125,7 +125,9 @@ def _content(props: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in props.items() if k == "length" or k.startswith("identity.")}
 
 
-def plan_change(saved: Mapping[str, str], mine: Mapping[str, str]) -> tuple[MixtureChange, dict[str, str]]:
+def plan_change(
+    saved: Mapping[str, str], mine: Mapping[str, str]
+) -> tuple[MixtureChange, dict[str, str]]:
     """Compare the mixture of a checkpoint's fingerprint parts with this pipeline's.
 
     Returns:
@@ -156,11 +158,11 @@ def plan_change(saved: Mapping[str, str], mine: Mapping[str, str]) -> tuple[Mixt
     removed = [n for n in old_names if n not in new_names]
     weights_then = {n: _value(old[c].get("weight")) for c, n in enumerate(old_names)}
     weights_now = {n: _value(new[c].get("weight")) for c, n in enumerate(new_names)}
-    policy = [k for k in mine if k.startswith("source.")] + [k for k in saved if k.startswith("source.")]
+    policy = [k for k in mine if k.startswith("source.")] + [
+        k for k in saved if k.startswith("source.")
+    ]
     reweighted = weights_then != weights_now or any(
-        saved.get(k) != mine.get(k)
-        for k in policy
-        if k.partition(".")[2] in MIXTURE_SOURCE_KEYS
+        saved.get(k) != mine.get(k) for k in policy if k.partition(".")[2] in MIXTURE_SOURCE_KEYS
     )
     change = MixtureChange(
         kept=tuple(kept),
@@ -196,8 +198,10 @@ def check_inflight(
         CheckpointError: naming each such dataset, its in-flight samples and lanes, and the
             fix.
     """
-    bad = {n: ("not in the new mixture" if n in change.removed else "holds other data now")
-           for n in (*change.removed, *change.replaced)}
+    bad = {
+        n: ("not in the new mixture" if n in change.removed else "holds other data now")
+        for n in (*change.removed, *change.replaced)
+    }
     if not bad:
         return
     index = {n: c for c, n in enumerate(change.old_names)}

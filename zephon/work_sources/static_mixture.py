@@ -140,8 +140,7 @@ def _pack_carry(carry: np.ndarray) -> bytes:
 def _unpack_carry(data: Any, count: int) -> np.ndarray:
     if not isinstance(data, bytes) or len(data) not in (0, 4 * count):
         raise CheckpointError(
-            f"state carry must be b'' or {count} float32s; got {type(data).__name__} "
-            f"{data!r:.40}"
+            f"state carry must be b'' or {count} float32s; got {type(data).__name__} {data!r:.40}"
         )
     if not data:
         return np.zeros(count, dtype=np.float64)
@@ -236,9 +235,7 @@ class StaticMixtureWorkSource:
         if weight_unit not in WEIGHT_UNITS:
             raise ValueError(f"weight_unit must be one of {WEIGHT_UNITS}; got {weight_unit!r}")
         if on_exhausted not in ON_EXHAUSTED:
-            raise ValueError(
-                f"on_exhausted must be one of {ON_EXHAUSTED}; got {on_exhausted!r}"
-            )
+            raise ValueError(f"on_exhausted must be one of {ON_EXHAUSTED}; got {on_exhausted!r}")
         schedule: Schedule | None = None
         if isinstance(weights, Schedule):
             schedule = weights
@@ -277,13 +274,13 @@ class StaticMixtureWorkSource:
         self._seed = seed
         self._shuffle = bool(shuffle)
         self._chunk_size = chunk_size
-        self._num_epochs: Any = (
-            dict(num_epochs) if isinstance(num_epochs, Mapping) else num_epochs
-        )
+        self._num_epochs: Any = dict(num_epochs) if isinstance(num_epochs, Mapping) else num_epochs
         self._epochs: tuple[int | None, ...] = epochs
         self._weight_unit = weight_unit
         self._on_exhausted = on_exhausted
-        needs_tokens = weight_unit == "tokens" or (schedule is not None and schedule.unit == "tokens")
+        needs_tokens = weight_unit == "tokens" or (
+            schedule is not None and schedule.unit == "tokens"
+        )
         self._token_lengths = self._resolve_lengths(lengths, raw_weights, needs_tokens)
         self._codes = np.array(
             [
@@ -299,9 +296,11 @@ class StaticMixtureWorkSource:
         )
         self._all_lengths = all(t is not None for t in self._token_lengths)
         self._has_lengths = any(t is not None for t in self._token_lengths)
-        self._flags = (il.FLAG_SHUFFLE if self._shuffle else 0) | (
-            il.FLAG_TOKEN_UNITS if weight_unit == "tokens" else 0
-        ) | (il.FLAG_STOP_ON_EXHAUST if on_exhausted == "stop" else 0)
+        self._flags = (
+            (il.FLAG_SHUFFLE if self._shuffle else 0)
+            | (il.FLAG_TOKEN_UNITS if weight_unit == "tokens" else 0)
+            | (il.FLAG_STOP_ON_EXHAUST if on_exhausted == "stop" else 0)
+        )
         self._bind_lane(lane, num_lanes)
 
     # ----------------------------------------------------------------------- validation
@@ -406,8 +405,7 @@ class StaticMixtureWorkSource:
             unknown = [k for k in num_epochs if k not in names]
             if unknown:
                 raise ValueError(
-                    f"num_epochs names unknown datasets {unknown}; the datasets are "
-                    f"{list(names)}"
+                    f"num_epochs names unknown datasets {unknown}; the datasets are {list(names)}"
                 )
             return tuple(one(num_epochs.get(n), f"num_epochs[{n!r}]") for n in names)
         epochs = one(num_epochs, "num_epochs")
@@ -470,9 +468,7 @@ class StaticMixtureWorkSource:
         self._i64[il.NLEN] = -1
         self._i64[il.SIZE] = self._lengths
         self._i64[il.LIMIT] = [
-            -1
-            if e is None
-            else max(0, -(-(e * n - self._lane) // self._num_lanes))
+            -1 if e is None else max(0, -(-(e * n - self._lane) // self._num_lanes))
             for e, n in zip(self._epochs, self._lengths, strict=True)
         ]
         self._heaps = np.zeros((2, k), dtype=np.int32)
@@ -800,9 +796,7 @@ class StaticMixtureWorkSource:
         position = _checked_count("schedule_position", state["schedule_position"])
         vtime = state["virtual_time"]
         if not isinstance(vtime, float) or not math.isfinite(vtime):
-            raise CheckpointError(
-                f"state virtual_time must be a finite float; got {vtime!r:.40}"
-            )
+            raise CheckpointError(f"state virtual_time must be a finite float; got {vtime!r:.40}")
         stopped = state["stopped"]
         if not isinstance(stopped, bool):
             raise CheckpointError(f"state stopped must be a bool; got {stopped!r:.40}")

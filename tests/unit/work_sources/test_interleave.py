@@ -82,7 +82,9 @@ def test_every_prefix_is_within_one_sample_of_the_weights(data, k, unit, chunk_s
 def random_lane(seed: int, k: int, unit: str, limited: bool, stop: bool) -> StaticMixtureWorkSource:
     rng = np.random.default_rng(seed)
     sizes = rng.integers(1, 40, size=k).tolist()
-    lengths = [rng.integers(0, 300, size=n).astype(rng.choice(["<u2", "<i4", "<u4", "<i8"])) for n in sizes]
+    lengths = [
+        rng.integers(0, 300, size=n).astype(rng.choice(["<u2", "<i4", "<u4", "<i8"])) for n in sizes
+    ]
     weights = rng.integers(0, 5, size=k).tolist()
     if sum(weights) == 0:
         weights[0] = 1

@@ -84,7 +84,12 @@ def test_parquet_length_column(tmp_path) -> None:
         (["a", "b"], [1, -2], ValueError, r"sample 1 has a negative length -2"),
         (["a", "b"], [1.5, 2.0], TypeError, r"must be a 1-D array of ints; got float64"),
         (["a", "b"], "n", TypeError, r"name a column \('n'\), but a list has no columns"),
-        (["a", "b"], 3, TypeError, r"must be None \(the dataset's own\), a column name or an array"),
+        (
+            ["a", "b"],
+            3,
+            TypeError,
+            r"must be None \(the dataset's own\), a column name or an array",
+        ),
     ],
 )
 def test_lengths_errors_name_the_dataset_and_the_fix(dataset, spec, error, message) -> None:
@@ -102,7 +107,9 @@ def test_lengths_keys_must_name_datasets() -> None:
 
 
 def test_lengths_are_only_asked_for_when_needed() -> None:
-    src = zp.StaticMixtureWorkSource({"text": ["x", "y"], "unused": ["z"]}, {"text": 1, "unused": 0})
+    src = zp.StaticMixtureWorkSource(
+        {"text": ["x", "y"], "unused": ["z"]}, {"text": 1, "unused": 0}
+    )
     assert src.token_lengths == (None, None)
     assert "token_lengths" not in src.config() and "weight_unit" not in src.config()
     # A zero-weight dataset needs none, even with token weights.
@@ -199,7 +206,9 @@ def test_a_stale_index_is_an_error_naming_both(tmp_path) -> None:
         zp.open_length_index(zp.JsonlSource(path, field="text"), _Other(), target)
     # the rebuild replaces the stale one
     write_jsonl(path, TEXTS + ["one more"])
-    zp.build_length_index(changed := zp.JsonlSource(path, field="text"), tok, target, progress=False)
+    zp.build_length_index(
+        changed := zp.JsonlSource(path, field="text"), tok, target, progress=False
+    )
     assert len(zp.open_length_index(changed, tok, target)) == 2501
 
 

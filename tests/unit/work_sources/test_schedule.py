@@ -50,7 +50,12 @@ def test_step_and_linear_weights_at_positions() -> None:
         (([(0, [1, -1])],), {}, ValueError, r"point 0: weight 1 must be finite and >= 0; got -1"),
         (([(0, [0, 0])],), {}, ValueError, r"point 0: weights must have a positive sum"),
         (([(0.5, [1])],), {}, TypeError, r"position must be an int; got 0.5"),
-        (([(0, [1])],), {"unit": "steps"}, ValueError, r"unit must be one of \('chunks', 'tokens'\)"),
+        (
+            ([(0, [1])],),
+            {"unit": "steps"},
+            ValueError,
+            r"unit must be one of \('chunks', 'tokens'\)",
+        ),
         (([(0, [1])],), {"interpolate": "cubic"}, ValueError, r"interpolate must be one of"),
         (([(0, "ab")],), {}, TypeError, r"weights must be a list or a dict"),
     ],
@@ -127,7 +132,9 @@ def test_state_round_trip_at_any_point_of_a_schedule(
     c = len(sizes)
     scale = 40 if unit == "tokens" else 1
     pos = sorted({p * scale for p, _ in points})
-    raw = [(0, [1] * c)] + [(p, [1 + w[i % 4] for i in range(c)]) for p, (_, w) in zip(pos, points, strict=False)]
+    raw = [(0, [1] * c)] + [
+        (p, [1 + w[i % 4] for i in range(c)]) for p, (_, w) in zip(pos, points, strict=False)
+    ]
     lengths = [np.arange(1, n + 1) * 3 for n in sizes]
 
     def make(lane: int, num_lanes: int) -> StaticMixtureWorkSource:

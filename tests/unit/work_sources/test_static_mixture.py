@@ -332,7 +332,9 @@ def test_packed_ints_round_trip_with_the_smallest_width(values: list[int]) -> No
     assert width == 0 or len(data) == 1 + width * len(values)
     lo, hi = min(values), max(values)
     assert width == (
-        0 if not any(values) else next(w for w in (1, 2, 4, 8) if -(2 ** (8 * w - 1)) <= lo and hi < 2 ** (8 * w - 1))
+        0
+        if not any(values)
+        else next(w for w in (1, 2, 4, 8) if -(2 ** (8 * w - 1)) <= lo and hi < 2 ** (8 * w - 1))
     )
 
 
@@ -496,3 +498,91 @@ def test_load_state_dict_missing_key() -> None:
     del state["carry"]
     with pytest.raises(ValueError, match=r"missing keys \['carry'\]"):
         make([5, 5], chunk_size=2, lane=1, num_lanes=2).load_state_dict(state)
+
+
+# ------------------------------------------------- per-component epochs, end policy
+
+
+def test_num_epochs_per_component() -> None:
+    base = make([6, 4, 5], [1, 1, 1], chunk_size=3, num_epochs={"0": 2, "2": 1})
+    counts: collections.Counter[tuple[int, int]] = collections.Counter()
+    for lane in range(2):
+        ws = base.for_lane(lane, 2)
+        chunks = take(ws, 60)
+        counts.update(pointers([c for c in chunks if c is not None]))
+        assert chunks[-1] is not None  # component 1 repeats forever: never exhausted
+    assert {counts[(0, i)] for i in range(6)} == {2}
+    assert {counts[(2, i)] for i in range(5)} == {1}
+    assert min(counts[(1, i)] for i in range(4)) > 5
+    assert base.num_epochs == {"0": 2, "2": 1}
+    assert base.config()["num_epochs"] == {"0": 2, "2": 1}
+    with pytest.raises(ValueError, match=r"num_epochs names unknown datasets \['9'\]"):
+        make([3], num_epochs={"9": 1})
+    with pytest.raises(
+        ValueError, match=r"num_epochs\['0'\] must be >= 1.*got num_epochs\['0'\]=0"
+    ):
+        make([3], num_epochs={"0": 0})
+
+
+def test_on_exhausted_stop_ends_the_lane_at_the_first_component_to_run_out() -> None:
+    renorm = make([4, 40], [1, 1], chunk_size=5, num_epochs=1)
+    stop = make([4, 40], [1, 1], chunk_size=5, num_epochs=1, on_exhausted="stop")
+    kept = pointers(drain(renorm))
+    cut = pointers(drain(stop))
+    assert len(kept) == 44
+    # The stream stops right after component 0's last sample: the same prefix, no more.
+    last0 = max(i for i, (c, _) in enumerate(kept) if c == 0)
+    assert cut == kept[: last0 + 1]
+    assert stop.state_dict()["stopped"] is True
+    assert stop.config()["on_exhausted"] == "stop" and "on_exhausted" not in renorm.config()
+    restored = make([4, 40], [1, 1], chunk_size=5, num_epochs=1, on_exhausted="stop")
+    restored.load_state_dict(stop.state_dict())
+    assert restored.next_chunk() is None
+    with pytest.raises(ValueError, match=r"on_exhausted must be one of \('renormalize', 'stop'\)"):
+        make([4], on_exhausted="halt")
+
+
+def test_on_exhausted_stop_for_a_lane_that_gets_nothing_of_a_component() -> None:
+    # 2 samples over 3 lanes, one epoch: lane 2 gets none of component 0, so it stops at once.
+    base = make([2, 50], [1, 1], chunk_size=4, num_epochs={"0": 1}, on_exhausted="stop")
+    assert base.for_lane(2, 3).next_chunk() is None
+    assert base.for_lane(0, 3).next_chunk() is not None
+
+
+def test_defaults_keep_the_config_and_token_options_show_in_it() -> None:
+    plain = make([5, 5], [1, 1])
+    assert set(plain.config()) == {
+        "class",
+        "names",
+        "lengths",
+        "weights",
+        "seed",
+        "shuffle",
+        "chunk_size",
+        "num_epochs",
+        "identities",
+    }
+    tok = StaticMixtureWorkSource([list(range(5))], weight_unit="tokens", lengths=[np.arange(1, 6)])
+    config = tok.config()
+    assert config["weight_unit"] == "tokens"
+    assert config["token_lengths"][0].startswith("lengths:")
+    assert tok.weight_unit == "tokens" and tok.on_exhausted == "renormalize"
+    assert "weight_unit='tokens'" in repr(tok)
+    with pytest.raises(ValueError, match=r"weight_unit must be one of \('samples', 'tokens'\)"):
+        make([5], weight_unit="bytes")
+
+
+def test_token_weights_share_tokens_not_documents() -> None:
+    """Short and long documents at 50/50 by tokens: about 10 short ones per long one."""
+    short, long = np.full(200, 10), np.full(200, 100)
+    ws = StaticMixtureWorkSource(
+        {"short": list(range(200)), "long": list(range(200))},
+        {"short": 1, "long": 1},
+        weight_unit="tokens",
+        lengths={"short": short, "long": long},
+        chunk_size=110,
+    )
+    comps = ws.next_chunk().components
+    assert np.count_nonzero(comps == 0) == 100 and np.count_nonzero(comps == 1) == 10
+    assert ws.tokens_dealt == (1000, 1000)
+    assert ws.state_dict()["lane_tokens"] == 2000
