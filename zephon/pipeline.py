@@ -236,9 +236,14 @@ class Pipeline:
         self, weights: Sequence[float] | None = None, buffer_size: int = 16
     ) -> Pipeline:
         """Reorder records so each component's token share tracks ``weights`` (default:
-        the work source's) batch by batch. It only reorders within an epoch, so the totals
-        come from the work source: give it weights corrected for document length when the
-        components' documents differ in length (see benchmarks.mixture_fidelity)."""
+        the work source's) batch by batch.
+
+        The two mechanisms: the work source decides *what* each epoch holds (with
+        ``weight_unit="tokens"`` its token shares are the weights'); ``ensure_mixture`` only
+        decides the *order* inside an epoch (a lane's ``flush_every_k_chunks`` chunks), so it
+        evens out single batches but never changes the totals. With document weights it
+        cannot turn them into token shares (see benchmarks.mixture_fidelity). With a
+        :class:`~zephon.Schedule` it needs explicit ``weights``."""
         return self.apply(EnsureMixture(weights, buffer_size))
 
     def batch(self, batch_size: int, drop_last: bool = True) -> Pipeline:

@@ -72,6 +72,13 @@ class MixtureChange:
             new, they start at their beginning.
         removed: names no longer in the mixture (none of their samples was in flight).
         reweighted: whether the weights (or their schedule, unit or end policy) changed.
+
+    Example::
+
+        change = pipe.restore(zp.load("loader.zph"), allow_mixture_change=True)
+        if change is not None:
+            print(change)  # mixture change: kept ['web', 'code']; added ['math']
+            assert "web" in change.kept
     """
 
     kept: tuple[str, ...] = ()
