@@ -13,6 +13,7 @@ Questions (one script each, also runnable alone as ``python -m benchmarks.<modul
     q8  ring_depth        worker ring depth x consumer prefetch: the defaults' share of the best
     q9  many_lanes        one rank owning thousands of lanes (elastic shrink) against 8
     q10 worker_memory     a 500 MB in-memory dataset with 2 workers: summed PSS, first batch
+    q11 many_components   mixtures of 2 to 1,000 components: next_chunk, memory, throughput
 
 Each writes ``<results>/<module>.json`` (rows plus the machine, package versions and date)
 and, where it has one, ``<results>/<module>.png``; this runner also writes
@@ -41,6 +42,7 @@ QUESTIONS: dict[str, tuple[str, str]] = {
     "q8": ("ring_depth", "worker ring depth and prefetch"),
     "q9": ("many_lanes", "one rank owning many lanes"),
     "q10": ("worker_memory", "in-memory dataset with workers: memory, first batch"),
+    "q11": ("many_components", "mixtures of many components"),
 }
 # Scripts that compare with Grain and accept --no-grain.
 _GRAIN = {"q1", "q2", "q4", "q5"}

@@ -9,6 +9,7 @@ from zephon.errors import (
     AggregationError,
     CheckpointError,
     ContractViolation,
+    LengthIndexError,
     PipelineClosedError,
     RingError,
     ShmError,
@@ -29,7 +30,14 @@ from zephon.records import (
 from zephon.sources import ArraySource, HFSource, JsonlSource, ParquetSource, TokenFileSource
 from zephon.tokenizer_adapters import HFTokenizer, SentencePieceTokenizer
 from zephon.tokenizers import ByteTokenizer
-from zephon.work_sources import StaticMixtureWorkSource, WorkSource
+from zephon.work_sources import (
+    MixtureChange,
+    Schedule,
+    StaticMixtureWorkSource,
+    WorkSource,
+    build_length_index,
+    open_length_index,
+)
 
 __version__ = "0.1.0"
 
@@ -45,6 +53,8 @@ __all__ = [
     "HFSource",
     "HFTokenizer",
     "JsonlSource",
+    "LengthIndexError",
+    "MixtureChange",
     "OpTraits",
     "Operator",
     "ParquetSource",
@@ -53,6 +63,7 @@ __all__ = [
     "Record",
     "RingError",
     "SampleCursor",
+    "Schedule",
     "SamplePointer",
     "SentencePieceTokenizer",
     "ShmError",
@@ -65,6 +76,8 @@ __all__ = [
     "WorkerError",
     "ZephonError",
     "__version__",
+    "build_length_index",
     "load",
+    "open_length_index",
     "save",
 ]

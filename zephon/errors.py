@@ -44,3 +44,8 @@ class RingError(ZephonError, RuntimeError):
 
 class AggregationError(ZephonError, RuntimeError):
     """A multi-rank checkpoint round failed (timeout, missing ranks, leader failure)."""
+
+
+class LengthIndexError(ZephonError, ValueError):
+    """A length index (``zephon lengths``) is missing, unfinished, corrupt, or no longer
+    matches its dataset or tokenizer."""

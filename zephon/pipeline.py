@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgpack
+import numpy as np
 
 from zephon._fingerprint import describe_differences, fingerprint_parts
 from zephon.compile import Plan, compile_plan, explain
@@ -34,7 +35,14 @@ from zephon.operators.tokenize import Tokenize
 from zephon.runners.lanes import INTERLEAVE, OUTPUTS
 from zephon.runners.processes import ProcessExecutor
 from zephon.topology import Topology, resolve_topology
-from zephon.tracking import LaneTracker
+from zephon.tracking import HELD, LaneTracker, checked_holds
+from zephon.work_sources.mixture_change import (
+    MixtureChange,
+    check_inflight,
+    is_mixture_part,
+    plan_change,
+    remap_inflight,
+)
 
 FORMAT = "zephon.pipeline"
 #: Slots per worker ring when ``ring_slots`` is not given (see benchmarks.ring_depth).
@@ -230,9 +238,14 @@ class Pipeline:
         self, weights: Sequence[float] | None = None, buffer_size: int = 16
     ) -> Pipeline:
         """Reorder records so each component's token share tracks ``weights`` (default:
-        the work source's) batch by batch. It only reorders within an epoch, so the totals
-        come from the work source: give it weights corrected for document length when the
-        components' documents differ in length (see benchmarks.mixture_fidelity)."""
+        the work source's) batch by batch.
+
+        The two mechanisms: the work source decides *what* each epoch holds (with
+        ``weight_unit="tokens"`` its token shares are the weights'); ``ensure_mixture`` only
+        decides the *order* inside an epoch (a lane's ``flush_every_k_chunks`` chunks), so it
+        evens out single batches but never changes the totals. With document weights it
+        cannot turn them into token shares (see benchmarks.mixture_fidelity). With a
+        :class:`~zephon.Schedule` it needs explicit ``weights``."""
         return self.apply(EnsureMixture(weights, buffer_size))
 
     def batch(self, batch_size: int, drop_last: bool = True) -> Pipeline:
@@ -433,13 +446,39 @@ class Pipeline:
             )
         return self._agg
 
-    def restore(self, state: dict[str, Any]) -> None:
+    def restore(
+        self, state: dict[str, Any], allow_mixture_change: bool = False
+    ) -> MixtureChange | None:
         """Continue from ``state`` (from :meth:`checkpoint`) on this freshly built pipeline.
+
+        Args:
+            state: the checkpoint.
+            allow_mixture_change: let the work source's mixture differ from the
+                checkpoint's: datasets added, removed or reweighted, another schedule,
+                ``weight_unit``, ``num_epochs`` or ``on_exhausted`` (everything else must
+                still match). In-flight chunks replay exactly as they were made; new chunks
+                follow the new weights; a dataset that stays (matched by name, with the same
+                content) keeps its cursor; a new one, or one whose content changed, starts
+                at its beginning (the latter with a ``UserWarning``). See
+                :mod:`zephon.work_sources.mixture_change` for the whole contract.
+
+        Returns:
+            With ``allow_mixture_change`` and a mixture that differs, a
+            :class:`~zephon.MixtureChange` saying what was kept, added, replaced and
+            removed; otherwise None.
+
+        Example::
+
+            pipe = build(weights={"web": 0.5, "code": 0.3, "math": 0.2})  # math is new
+            change = pipe.restore(zp.load("loader.zph"), allow_mixture_change=True)
+            print(change)  # mixture change: kept ['web', 'code']; added ['math']; ...
 
         Raises:
             CheckpointError: iteration already began, the state is not a Zephon pipeline
-                checkpoint of a supported version, the fingerprint differs, or lanes that
-                this rank owns are missing.
+                checkpoint of a supported version, the fingerprint differs (outside the
+                mixture, with ``allow_mixture_change``), lanes that this rank owns are
+                missing, or the new mixture drops (or changes the data of) a dataset whose
+                samples are still in flight.
         """
         if self._closed:
             raise closed_error()
@@ -463,7 +502,7 @@ class Pipeline:
                 f"checkpoint has canonical_replicas={state.get('canonical_replicas')!r} but this "
                 f"pipeline has {self.canonical_replicas}; lanes are fixed for a training run"
             )
-        self._check_fingerprint(state)
+        planned = self._check_fingerprint(state, allow_mixture_change)
         by_lane, next_lanes, saved_dp_size = _checked_layout(state)
         missing = [lane for lane in self.lanes if lane not in by_lane]
         if missing:
@@ -471,6 +510,25 @@ class Pipeline:
                 f"checkpoint has no state for lanes {missing} that this rank owns; restore a "
                 "merged (all-rank) checkpoint: set aggregate_dir= or aggregate_store="
             )
+        holds: dict[int, list[list[Any]]] = {}
+        for lane in self.lanes:
+            if isinstance(by_lane[lane], dict):
+                try:
+                    holds[lane] = checked_holds(by_lane[lane])
+                except CheckpointError as e:
+                    raise CheckpointError(f"lane {lane}: {e}") from e
+        change = None
+        if planned is not None:
+            change, kept = planned
+            by_lane, holds = self._change_mixture(state, change, kept, by_lane, holds)
+        for i, op in enumerate(self._compiled().ops):
+            if isinstance(op, EnsureMixture):  # (replacing what an earlier restore held)
+                op.hold(
+                    {
+                        lane: [(until, w) for o, until, w in entries if o == i]
+                        for lane, entries in holds.items()
+                    }
+                )
         topo = self._topology
         same_layout = saved_dp_size == topo.dp_size
         if same_layout and topo.dp_rank not in next_lanes:
@@ -493,6 +551,7 @@ class Pipeline:
             for lane in self.lanes:
                 tracker = engine.trackers[lane]
                 replayed += tracker.load(by_lane[lane])
+                tracker.held = holds.get(lane, [])
                 engine.executor.set_target(lane, tracker.cursor)
         except CheckpointError:
             # Nothing half-restored survives: the next restore() or next() starts clean.
@@ -508,12 +567,100 @@ class Pipeline:
             live = [lane for lane in self.lanes if not engine.trackers[lane].done] or self.lanes
             engine.next_lane = min(live, key=lambda lane: (engine.trackers[lane].batches, lane))
         self._last_checkpoint = 0
+        return change
 
-    def _check_fingerprint(self, state: dict[str, Any]) -> None:
+    def _change_mixture(
+        self,
+        state: dict[str, Any],
+        change: MixtureChange,
+        kept: dict[str, str],
+        by_lane: dict[int, Any],
+        holds: dict[int, list[list[Any]]],
+    ) -> tuple[dict[int, Any], dict[int, list[list[Any]]]]:
+        """The lane states of this rank translated into the new mixture (see
+        :mod:`zephon.work_sources.mixture_change`), and what each ``ensure_mixture`` must hold
+        per lane while the in-flight epochs replay: ``[op, until, weights]`` entries in the
+        new component order."""
+        source = self.source
+        if not callable(getattr(source, "remapped_state", None)):
+            raise CheckpointError(
+                f"allow_mixture_change=True needs a work source that can take a state into "
+                f"another mixture (StaticMixtureWorkSource); this one is a {type(source).__name__}"
+            )
+        new_names = list(source.names)
+        old_names = list(change.old_names)
+        mine = {lane: by_lane[lane] for lane in self.lanes}
+        check_inflight(change, mine, new_names)
+        old_index = {n: c for c, n in enumerate(old_names)}
+        old_to_new = np.full(len(old_names), -1, dtype=np.int64)
+        for c, name in enumerate(new_names):
+            if name in kept:
+                old_to_new[old_index[kept[name]]] = c
+
+        def remapped(weights: list[float]) -> list[float]:
+            if len(weights) != len(old_names):
+                raise CheckpointError(
+                    f"a held entry has {len(weights)} weights for the checkpoint's "
+                    f"{len(old_names)} components"
+                )
+            return [0.0 if n not in kept else weights[old_index[kept[n]]] for n in new_names]
+
+        plan = self._compiled()
+        ensure = [(i, op) for i, op in enumerate(plan.ops) if isinstance(op, EnsureMixture)]
+        if ensure:
+            order = [old_index[kept[n]] for n in new_names if n in kept]
+            if order != sorted(order):
+                raise CheckpointError(
+                    "allow_mixture_change=True with ensure_mixture: the datasets that stay must "
+                    f"keep their relative order (was {[old_names[c] for c in sorted(order)]}, now "
+                    f"{[old_names[c] for c in order]}), because ensure_mixture breaks ties by "
+                    "component order and the replayed epochs must come out as they did; put "
+                    "them back in that order (new datasets may go anywhere)"
+                )
+        saved_parts = state.get(FINGERPRINT_PARTS) or {}
+        k = plan.flush_every_k_chunks
+        new_holds: dict[int, list[list[Any]]] = {}
+        for lane, ls in mine.items():
+            entries = [[o, until, remapped(w)] for o, until, w in holds.get(lane, [])]
+            next_id = ls.get("next_chunk_id") if isinstance(ls, dict) else None
+            if isinstance(next_id, int) and next_id > 0 and k > 0:
+                until = -(-next_id // k) * k  # the flush that ends the lane's last epoch
+                for i, op in ensure:
+                    if any(o == i and u >= until for o, u, _ in entries):
+                        continue  # an earlier hold already covers that epoch
+                    old_w = _old_ensure_weights(saved_parts, i, op, len(old_names))
+                    entries.append([i, until, remapped(old_w)])
+            new_holds[lane] = sorted(entries, key=lambda e: (e[0], e[1]))
+        out = dict(by_lane)
+        for lane, ls in mine.items():
+            if not isinstance(ls, dict):
+                continue  # malformed: the tracker's checks name it
+            try:
+                translated = source.for_lane(lane, self.canonical_replicas).remapped_state(
+                    ls.get("source"), old_names, kept
+                )
+            except CheckpointError as e:
+                raise CheckpointError(f"lane {lane}: work source state: {e}") from e
+            lane_state = {**remap_inflight(ls, old_to_new), "source": translated}
+            lane_state.pop(HELD, None)
+            out[lane] = lane_state
+        if change.replaced:
+            warnings.warn(
+                f"restore: the data of {list(change.replaced)} is not what the checkpoint was "
+                "made with (another content identity or length): they are treated as new "
+                "datasets and start at their beginning",
+                UserWarning,
+                stacklevel=3,
+            )
+        return out, new_holds
+
+    def _check_fingerprint(
+        self, state: dict[str, Any], allow_mixture_change: bool = False
+    ) -> tuple[MixtureChange, dict[str, str]] | None:
         mine, parts, legacy = self._fingerprints()
         theirs = state.get("fingerprint")
         if theirs == mine:
-            return
+            return None
         saved_parts = state.get(FINGERPRINT_PARTS)
         if saved_parts is None and theirs == legacy:
             warnings.warn(
@@ -524,7 +671,7 @@ class Pipeline:
                 UserWarning,
                 stacklevel=3,
             )
-            return
+            return None
         head = (
             f"checkpoint fingerprint {str(theirs)[:12]}… does not match this pipeline's "
             f"{mine[:12]}…"
@@ -542,6 +689,20 @@ class Pipeline:
                 f"{type(saved_parts).__name__}, expected a dict of str to str), so what differs "
                 "cannot be said; restore a checkpoint written by zephon.save"
             )
+        if allow_mixture_change:
+            ensure = [
+                i for i, op in enumerate(self._compiled().ops) if isinstance(op, EnsureMixture)
+            ]
+            outside = describe_differences(
+                {k: v for k, v in saved_parts.items() if not is_mixture_part(k, ensure)},
+                {k: v for k, v in parts.items() if not is_mixture_part(k, ensure)},
+            )
+            if outside:
+                raise CheckpointError(
+                    f"{head}, and not only in the mixture (allow_mixture_change=True lets the "
+                    f"datasets and weights change, nothing else): {'; '.join(outside)}"
+                )
+            return plan_change(saved_parts, parts)
         differences = describe_differences(saved_parts, parts)
         if not differences:
             raise CheckpointError(
@@ -610,6 +771,37 @@ class Pipeline:
     def __repr__(self) -> str:
         ops = ".".join(repr(op) for op in self._ops)
         return f"Pipeline(lanes={self.canonical_replicas}, ops={ops})"
+
+
+def _old_ensure_weights(parts: Any, i: int, op: EnsureMixture, count: int) -> list[float]:
+    """The weights operator ``i`` (an ``ensure_mixture``) had in the checkpoint's pipeline,
+    by its old component order: from its fingerprint part, or, when that was too long to
+    keep and the operator follows the work source, from the old components' weights."""
+    import ast
+
+    def literal(text: Any) -> Any:
+        try:
+            return ast.literal_eval(text) if isinstance(text, str) else None
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            return None
+
+    value = literal(parts.get(f"op.{i}.weights"))
+    if (
+        isinstance(value, list)
+        and len(value) == count
+        and all(isinstance(w, float | int) for w in value)
+    ):
+        return [float(w) for w in value]
+    if op.weights is None:
+        weights = [literal(parts.get(f"component.{c}.weight")) for c in range(count)]
+        if all(isinstance(w, float | int) for w in weights) and sum(weights) > 0:
+            s = sum(weights)
+            return [w / s for w in weights]
+    raise CheckpointError(
+        f"allow_mixture_change=True: the checkpoint does not say which weights operator {i} "
+        "(ensure_mixture) had, which replaying its epochs needs; restore without changing "
+        "the mixture, or give ensure_mixture no weights (it then follows the work source)"
+    )
 
 
 def _checked_layout(state: dict[str, Any]) -> tuple[dict[int, Any], dict[int, int], int]:

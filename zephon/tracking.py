@@ -162,6 +162,10 @@ class LaneTracker:
         #: :meth:`state` as last built, until something it shows changes: a checkpoint of
         #: a rank of thousands of lanes rebuilds only the lanes that moved since the last.
         self._state: dict[str, Any] | None = None
+        #: ``[op, until, weights]`` entries: an ``ensure_mixture`` (operator ``op``) holds
+        #: ``weights`` for this lane until the flush at chunk ``until`` (after a restore into
+        #: an edited mixture); carried in the state while an in-flight chunk precedes it.
+        self.held: list[list[Any]] = []
 
     @property
     def done(self) -> bool:
@@ -287,6 +291,9 @@ class LaneTracker:
             "done": self.done,
             "next_chunk_id": self.next_chunk_id,
         }
+        held = [h for h in self.held if lo is not None and lo < h[1]]
+        if held:  # only while a replay would need it; absent otherwise
+            self._state[HELD] = held
         return self._state
 
     def load(self, state: dict[str, Any]) -> int:
@@ -348,6 +355,7 @@ class LaneTracker:
                 f"the work source state is at chunk {source_next} but the lane's "
                 f"next_chunk_id is {next_id}; the checkpoint is inconsistent"
             )
+        self.held = checked_holds(state)
         self.batches = batches
         self.done = done  # (forgets the state built before)
         self.cursor = cursor
@@ -410,6 +418,40 @@ class LaneTracker:
 
 
 _LANE_KEYS = ("inflight", "boundaries", "source", "cursor", "batches", "done", "next_chunk_id")
+#: The optional lane key of ``ensure_mixture`` holds (see :attr:`LaneTracker.held`).
+HELD = "held"
+
+
+def checked_holds(state: dict[str, Any]) -> list[list[Any]]:
+    """A lane state's ``held`` entries, ``[[op, until, [weights...]], ...]`` (none when the
+    key is absent), checked.
+
+    Raises:
+        CheckpointError: not a list of such entries with ascending ``until`` per operator.
+    """
+    raw = state.get(HELD, [])
+    if not isinstance(raw, list):
+        raise CheckpointError(f"held must be a list of [op, until, weights]; got {_shown(raw)}")
+    out: list[list[Any]] = []
+    last: dict[int, int] = {}
+    for entry in raw:
+        if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[2], list)):
+            raise CheckpointError(f"a held entry must be [op, until, weights]; got {_shown(entry)}")
+        op = checked_count("held operator", entry[0])
+        until = checked_count("held until", entry[1])
+        weights = entry[2]
+        if not all(
+            isinstance(w, float | int) and not isinstance(w, bool) and 0 <= w < float("inf")
+            for w in weights
+        ):
+            raise CheckpointError(f"held weights must be finite floats >= 0; got {_shown(weights)}")
+        if until <= last.get(op, -1):
+            raise CheckpointError(f"held entries of operator {op} must ascend; got {_shown(raw)}")
+        last[op] = until
+        out.append([op, until, [float(w) for w in weights]])
+    return out
+
+
 _CHUNK_KEYS = ("lane", "chunk_id", "components", "indices", "seed")
 
 

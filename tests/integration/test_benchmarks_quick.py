@@ -30,6 +30,7 @@ SCRIPTS = [
     "ring_depth",
     "many_lanes",
     "worker_memory",
+    "many_components",
 ]
 
 

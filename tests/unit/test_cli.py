@@ -168,3 +168,60 @@ def test_a_closed_stdout_ends_quietly(ckpt, args):
     # argparse's help swallows the error itself (and exits 0); the rest stop with SIGPIPE's
     # status, as cat or grep would.
     assert done.returncode == (0 if args == ["--help"] else EXIT_BROKEN_PIPE)
+
+
+def test_inspect_shows_per_component_samples_tokens_epoch_and_position(tmp_path, capsys):
+    """Over all lanes: samples dealt, in flight, delivered, tokens dealt, dataset epoch and
+    position, checked against the lanes' own work sources."""
+    import numpy as np
+
+    docs = {"short": ["ab" * (1 + i % 5) for i in range(30)], "long": ["xyz" * 40] * 7}
+    tok = zp.ByteTokenizer()
+    src = zp.StaticMixtureWorkSource(
+        {n: zp.ArraySource(d) for n, d in docs.items()},
+        {"short": 1, "long": 1},
+        weight_unit="tokens",
+        lengths={n: np.asarray(tok.count_tokens(d)) for n, d in docs.items()},
+        chunk_size=4,
+    )
+    pipe = (
+        zp.Pipeline(src, canonical_replicas=2, flush_every_k_chunks=2, prefetch=0)
+        .fetch()
+        .tokenize(tok)
+        .split(32)
+        .pack(32, num_bins=2)
+        .batch(2)
+    )
+    with pipe:
+        for _ in range(80):
+            next(pipe)
+        state = pipe.checkpoint()
+        sources = [pipe._engine.trackers[lane].source for lane in pipe.lanes]
+    path = tmp_path / "tok.zph"
+    zp.save(path, state)
+    assert main(["inspect", "--json", str(path)]) == 0
+    mix = json.loads(capsys.readouterr().out)["mixture"]
+    for c, name in enumerate(docs):
+        samples = sum(s.positions[c] for s in sources)
+        inflight = sum(
+            int(np.count_nonzero(np.frombuffer(ch["components"], "<i4") == c))
+            for ls in state["lanes"]
+            for ch in ls["inflight"]
+        )
+        assert mix[c] == {
+            "component": c,
+            "name": name,
+            "weight": 0.5,
+            "samples": samples,
+            "in_flight": inflight,
+            "delivered": samples - inflight,
+            "tokens": sum(s.tokens_dealt[c] for s in sources),
+            "epoch": samples // len(docs[name]),
+            "position": samples % len(docs[name]),
+        }
+    assert mix[1]["epoch"] >= 1  # the long component wrapped around its 7 documents
+    assert main(["inspect", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "samples dealt, in flight (replayed on restore), delivered, tokens dealt" in out
+    line = next(ln for ln in out.splitlines() if ln.strip().startswith("1  long"))
+    assert f"{mix[1]['tokens']:,}" in line and f"{mix[1]['epoch']} / {mix[1]['position']}" in line

@@ -56,7 +56,7 @@ def real_state() -> dict[str, Any]:
     assert any(ls["inflight"] for ls in lanes)
     assert any(ls["boundaries"] for ls in lanes)
     assert any(ls["cursor"] is not None for ls in lanes)
-    assert all(set(ls["source"]) >= {"positions", "current", "exhausted"} for ls in lanes)
+    assert all(set(ls["source"]) >= {"positions", "received", "carry"} for ls in lanes)
     return state
 
 

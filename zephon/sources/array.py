@@ -55,6 +55,39 @@ class ArraySource:
             return list(self._items[checked])
         return [self._items[i] for i in checked]
 
+    def token_lengths(self) -> np.ndarray:
+        """Each item's token count, for token-denominated mixture weights: the length of an
+        item that is a 1-D array or a sequence of ints, or of its ``"tokens"`` when it is a
+        dict; the row length of a 2-D numpy array.
+
+        Raises:
+            TypeError: an item holds no tokens (text, say: its count depends on the
+                tokenizer; build a length index with ``zephon lengths``).
+        """
+        items = self._items
+        if isinstance(items, np.ndarray):
+            if items.ndim >= 2 and items.dtype.kind in "iu":
+                return np.full(len(items), items.shape[1], dtype=np.int64)
+            if items.dtype != object:
+                raise TypeError(
+                    f"ArraySource of a {items.ndim}-D {items.dtype} array: its items are not "
+                    "token arrays"
+                )
+        out = np.empty(len(items), dtype=np.int64)
+        for i, item in enumerate(items):
+            tokens = item.get("tokens") if isinstance(item, dict) else item
+            if isinstance(tokens, np.ndarray) and tokens.ndim == 1:
+                out[i] = tokens.shape[0]
+            elif isinstance(tokens, list | tuple):
+                out[i] = len(tokens)
+            else:
+                raise TypeError(
+                    f"ArraySource item {i} is a {type(item).__name__}, not token ids (a 1-D "
+                    "array, or a dict with a 'tokens' array); its token count depends on the "
+                    "tokenizer"
+                )
+        return out
+
     def content_identity(self) -> dict[str, Any]:
         """What the source holds, for the pipeline fingerprint: a numpy array's dtype and
         shape plus a digest of sampled elements (at most 512 KiB of them, copied), other

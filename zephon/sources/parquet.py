@@ -121,6 +121,27 @@ class ParquetSource:
                 out[pos] = value
         return out
 
+    def read_column(self, column: str) -> np.ndarray:
+        """One column of every file, as a numpy array in row order (for a column of token
+        counts: ``StaticMixtureWorkSource(..., lengths={name: column})``). Reads the whole
+        column once.
+
+        Raises:
+            ValueError: a file has no such column.
+        """
+        pq = _import_parquet()
+        parts = []
+        for path in self._paths:
+
+            def read(source: str | IO[bytes]) -> Any:
+                return pq.read_table(source, columns=[column]).column(0)
+
+            try:
+                parts.append(self._with_file(path, read).to_numpy())
+            except (KeyError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
+                raise ValueError(f"ParquetSource: {path} has no column {column!r}") from e
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
     def content_identity(self) -> dict[str, Any]:
         """What the source holds, for the pipeline fingerprint: the files' total size and a
         digest of each file's size and sampled blocks (see :mod:`zephon.sources.identity`;

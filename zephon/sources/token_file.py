@@ -80,6 +80,11 @@ class TokenFileSource:
         """Documents at `indices`, in that order."""
         return [self[i] for i in indices]
 
+    def token_offsets(self) -> np.ndarray:
+        """The ``N + 1`` token offsets of the documents (document ``i`` has ``o[i + 1] -
+        o[i]`` tokens), for token-denominated mixture weights. Shared, not copied."""
+        return self._bounds
+
     def content_identity(self) -> dict[str, Any]:
         """What the source holds, for the pipeline fingerprint: the token file's size and a
         digest of sampled blocks (see :mod:`zephon.sources.identity`; at most 512 KiB
