@@ -15,24 +15,20 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
 
 from zephon.compile import Plan
-from zephon.errors import PipelineClosedError
-from zephon.runners.chain import ChainRunner, LaneCounts, LaneOutput
-from zephon.runners.lanes import LaneOutputs, schedule
+from zephon.errors import CheckpointError, PipelineClosedError
+from zephon.runners.base import Executor, LaneRun
+from zephon.runners.chain import LaneCounts, LaneOutput
+from zephon.runners.lanes import schedule
 from zephon.tracking import LaneTracker
 
 _DONE = object()
 _POLL_S = 0.1
-
-
-def _nothing(lane: int) -> list[Any]:
-    return []
 
 
 class _Failure:
@@ -40,36 +36,6 @@ class _Failure:
 
     def __init__(self, error: BaseException) -> None:
         self.error = error
-
-
-class LocalExecutor:
-    """Runs the chain in this process (``workers=0``); pulls feed units on demand."""
-
-    place = "local"
-
-    def __init__(self, plan: Plan) -> None:
-        cap = max(op.parallelism for op in plan.ops)
-        self.pool = ThreadPoolExecutor(cap, thread_name_prefix="zephon-op") if cap > 1 else None
-        self.runner = ChainRunner(plan, self.pool)
-        self.replay_filter = self.runner.replay_filter
-        self.outputs = LaneOutputs(self.runner, _nothing, 0)
-
-    def start(self, engine: Engine) -> None:
-        self.outputs = LaneOutputs(self.runner, engine.pull, len(engine.lanes))
-
-    def set_target(self, lane: int, cursor: Any) -> None:
-        self.replay_filter.set_target(lane, cursor)  # type: ignore[attr-defined]
-
-    def next_output(self, lane: int) -> LaneOutput:
-        return self.outputs.next(lane)
-
-    def extra_stats(self) -> dict[str, Any]:
-        return {}
-
-    def close(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown(wait=False, cancel_futures=True)
-        self.outputs.pull = _nothing  # the engine's method: a reference cycle, left to the GC
 
 
 def _materialize(item: Any) -> None:
@@ -100,7 +66,7 @@ class Engine:
         trackers: dict[int, LaneTracker],
         output: str,
         prefetch: int,
-        executor: Any,
+        executor: Executor,
     ) -> None:
         self.plan = plan
         self.trackers = trackers
@@ -197,7 +163,14 @@ class Engine:
         if self.started:
             return
         self.started = True
-        self.executor.start(self)
+        done = [lane for lane in self.lanes if self.trackers[lane].done]
+        # At the start a lane has a cursor only if it was restored: it replays to it.
+        targets = {lane: t.cursor for lane, t in self.trackers.items() if t.cursor is not None}
+        self.executor.start(
+            LaneRun(
+                self.lanes, self.output, self.pull, targets, self.next_lane, done, self.stopping
+            )
+        )
         self._gen = self._produce()
         self._pump_wanted = self.prefetch > 0
 
@@ -277,6 +250,29 @@ class Engine:
         tracker.deliver(contributors, getattr(rec, "last_cursor", None) or rec.cursor)
 
     # ------------------------------------------------------------ state/stats
+    def restore(
+        self,
+        lane_states: Mapping[int, dict[str, Any]],
+        holds: Mapping[int, list[list[Any]]],
+        next_lane: int | None,
+    ) -> None:
+        """Loads every lane's state (checked: a malformed one is a CheckpointError, and
+        nothing of it is kept); the consumer's turn then goes to ``next_lane``, or with
+        None to the least advanced lane that has not ended (ties: the lowest), where a
+        rank's round-robin would be."""
+        if self.started:
+            raise CheckpointError("restore() after iteration began; this is a Zephon bug")
+        replayed = 0
+        for lane in self.lanes:
+            tracker = self.trackers[lane]
+            replayed += tracker.load(lane_states[lane])
+            tracker.held = holds.get(lane, [])
+        self.replayed_chunks = replayed
+        if next_lane is None:
+            live = [lane for lane in self.lanes if not self.trackers[lane].done] or self.lanes
+            next_lane = min(live, key=lambda lane: (self.trackers[lane].batches, lane))
+        self.next_lane = next_lane
+
     def state(self) -> dict[str, Any]:
         with self.lock:
             return {

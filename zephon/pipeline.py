@@ -20,7 +20,7 @@ import numpy as np
 
 from zephon._fingerprint import describe_differences, fingerprint_parts
 from zephon.compile import Plan, compile_plan, explain
-from zephon.engine import Engine, LocalExecutor, closed_error
+from zephon.engine import Engine, closed_error
 from zephon.errors import CheckpointError
 from zephon.operators.base import Operator, PipelineContext
 from zephon.operators.batch import Batch
@@ -33,6 +33,7 @@ from zephon.operators.shuffle import Shuffle
 from zephon.operators.split import Split
 from zephon.operators.tokenize import Tokenize
 from zephon.runners.lanes import INTERLEAVE, OUTPUTS
+from zephon.runners.local import LocalExecutor
 from zephon.runners.processes import ProcessExecutor
 from zephon.topology import Topology, resolve_topology
 from zephon.tracking import HELD, LaneTracker, checked_holds
@@ -546,26 +547,14 @@ class Pipeline:
             self._engine.close()
         self._engine = None
         engine = self._get_engine()
-        replayed = 0
         try:
-            for lane in self.lanes:
-                tracker = engine.trackers[lane]
-                replayed += tracker.load(by_lane[lane])
-                tracker.held = holds.get(lane, [])
-                engine.executor.set_target(lane, tracker.cursor)
+            # Another topology: the engine gives the turn to the least advanced lane.
+            engine.restore(by_lane, holds, next_lanes[topo.dp_rank] if same_layout else None)
         except CheckpointError:
             # Nothing half-restored survives: the next restore() or next() starts clean.
             engine.close()
             self._engine = None
             raise
-        engine.replayed_chunks = replayed
-        if same_layout:
-            engine.next_lane = next_lanes[topo.dp_rank]
-        else:
-            # Another topology: the round-robin turn goes to the least advanced lane, which
-            # is where a rank's round-robin would be (ties: the lowest lane).
-            live = [lane for lane in self.lanes if not engine.trackers[lane].done] or self.lanes
-            engine.next_lane = min(live, key=lambda lane: (engine.trackers[lane].batches, lane))
         self._last_checkpoint = 0
         return change
 
