@@ -653,9 +653,85 @@ static PyObject *py_mixture_picks(PyObject *Py_UNUSED(self), PyObject *const *ar
     return result;
 }
 
+PyDoc_STRVAR(record_words_doc,
+             "record_words(key, cursors, /) -> list of (state_hi, state_lo, inc_hi, inc_lo)\n\n"
+             "Per cursor (four ints, taken modulo 2**64): word w (0..3) is h after\n"
+             "h = fmix64(key ^ (w + 1)), then h = fmix64((h + GOLDEN) ^ field) per field;\n"
+             "the last word is made odd (a PCG64 increment). zephon.operators.random_map\n"
+             "has the numpy twin.");
+
+static PyObject *py_record_words(PyObject *Py_UNUSED(self), PyObject *args) {
+    unsigned long long key;
+    PyObject *cursors_obj;
+    if (!PyArg_ParseTuple(args, "KO:record_words", &key, &cursors_obj)) {
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(cursors_obj, "cursors must be a sequence of 4-tuples");
+    if (seq == NULL) {
+        return NULL;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject *out = PyList_New(n);
+    if (out == NULL) {
+        Py_DECREF(seq);
+        return NULL;
+    }
+    uint64_t start[4];
+    for (int w = 0; w < 4; w++) {
+        start[w] = fmix64((uint64_t)key ^ (uint64_t)(w + 1));
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *cur = PySequence_Fast(PySequence_Fast_GET_ITEM(seq, i),
+                                        "a cursor must be a sequence of 4 ints");
+        if (cur == NULL) {
+            goto fail;
+        }
+        if (PySequence_Fast_GET_SIZE(cur) != 4) {
+            Py_DECREF(cur);
+            PyErr_SetString(PyExc_ValueError, "a cursor must have 4 fields");
+            goto fail;
+        }
+        uint64_t f[4];
+        for (int k = 0; k < 4; k++) {
+            f[k] = (uint64_t)PyLong_AsUnsignedLongLongMask(PySequence_Fast_GET_ITEM(cur, k));
+        }
+        Py_DECREF(cur);
+        if (PyErr_Occurred()) {
+            goto fail;
+        }
+        PyObject *t = PyTuple_New(4);
+        if (t == NULL) {
+            goto fail;
+        }
+        for (int w = 0; w < 4; w++) {
+            uint64_t h = start[w];
+            for (int k = 0; k < 4; k++) {
+                h = fmix64((h + GOLDEN) ^ f[k]);
+            }
+            if (w == 3) {
+                h |= 1;
+            }
+            PyObject *v = PyLong_FromUnsignedLongLong(h);
+            if (v == NULL) {
+                Py_DECREF(t);
+                goto fail;
+            }
+            PyTuple_SET_ITEM(t, w, v);
+        }
+        PyList_SET_ITEM(out, i, t);
+    }
+    Py_DECREF(seq);
+    return out;
+fail:
+    Py_DECREF(seq);
+    Py_DECREF(out);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"permute_into", py_permute_into, METH_VARARGS, permute_into_doc},
     {"length_table", py_length_table, METH_VARARGS, length_table_doc},
+    {"record_words", py_record_words, METH_VARARGS, record_words_doc},
     {"mixture_rebuild", (PyCFunction)(void (*)(void))py_mixture_rebuild, METH_FASTCALL,
      mixture_rebuild_doc},
     {"mixture_picks", (PyCFunction)(void (*)(void))py_mixture_picks, METH_FASTCALL,

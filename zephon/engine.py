@@ -52,8 +52,15 @@ def closed_error() -> PipelineClosedError:
     )
 
 
-def concat_lockstep(outputs: list[LaneOutput]) -> Any:
-    datas = [o.record.data for o in outputs]  # type: ignore[union-attr]
+def concat_lockstep(outputs: list[LaneOutput], pad: Any = None) -> Any:
+    """One lockstep step's batch: every lane's rows in lane order. A lane that has no
+    batch in the step (it ended; only with ``batch(pad_last=True)``) gets the rows of
+    ``pad.padding_like(batch)``, a batch of padding shaped like the others."""
+    datas: list[Any] = [o.record.data if o.record is not None else None for o in outputs]
+    if any(d is None for d in datas):
+        template = next(d for d in datas if d is not None)
+        filler = pad.padding_like(template)
+        datas = [filler if d is None else d for d in datas]
     if isinstance(datas[0], dict):
         return {k: np.concatenate([d[k] for d in datas]) for k in datas[0]}
     return np.concatenate(datas)
@@ -74,6 +81,11 @@ class Engine:
         self.output = output
         self.prefetch = prefetch
         self.executor = executor
+        #: ``batch(pad_last=True)``: in lockstep, lanes that ended get padded rows until
+        #: every lane has ended (the Batch operator makes them).
+        self.pad_op = next((op for op in plan.ops if getattr(op, "pad_last", False)), None)
+        self.pad_ended = output == "lockstep" and self.pad_op is not None
+        self._ends: list[LaneOutput] = []
         self.lock = threading.RLock()
         self.next_lane = self.lanes[0]  # consumer side: whose turn after the last delivery
         self.replayed_chunks = 0
@@ -106,9 +118,16 @@ class Engine:
             self.executor.next_output,
             start_lane=self.next_lane,
             done=done,
+            pad_ended=self.pad_ended,
         ):
-            if type(item) is list and any(out.end for out in item):
-                break  # lockstep: a lane ended, and the stream with it
+            if type(item) is list and (
+                all(out.end for out in item) if self.pad_ended else any(out.end for out in item)
+            ):
+                # lockstep: a lane ended, and the stream with it (padding: every lane did;
+                # the ends of this step are delivered, so a checkpoint shows the lanes done)
+                if self.pad_ended:
+                    self._ends.extend(out for out in item if not out.padding)
+                break
             yield item
         yield _DONE
 
@@ -168,7 +187,14 @@ class Engine:
         targets = {lane: t.cursor for lane, t in self.trackers.items() if t.cursor is not None}
         self.executor.start(
             LaneRun(
-                self.lanes, self.output, self.pull, targets, self.next_lane, done, self.stopping
+                self.lanes,
+                self.output,
+                self.pull,
+                targets,
+                self.next_lane,
+                done,
+                self.stopping,
+                self.pad_ended,
             )
         )
         self._gen = self._produce()
@@ -204,6 +230,11 @@ class Engine:
                 raise
             if item is _DONE:
                 self._finished = True
+                if self._ends:  # the lanes' ends in the step that ended a padded lockstep
+                    with self.lock:
+                        for out in self._ends:
+                            self._deliver(out)
+                    self._ends = []
                 raise StopIteration
             if isinstance(item, _Failure):
                 self._error = item.error
@@ -211,8 +242,9 @@ class Engine:
             if isinstance(item, list):
                 with self.lock:
                     for out in item:
-                        self._deliver(out)
-                data = concat_lockstep(item)
+                        if not out.padding:
+                            self._deliver(out)
+                data = concat_lockstep(item, self.pad_op)
                 for out in item:
                     self._hand_out(out)
                 self.last_lanes = tuple(out.lane for out in item)

@@ -12,7 +12,7 @@ import copy
 import hashlib
 import math
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import msgpack
@@ -27,8 +27,10 @@ from zephon.operators.batch import Batch
 from zephon.operators.ensure_mixture import EnsureMixture
 from zephon.operators.fetch import Fetch
 from zephon.operators.filter import Filter
+from zephon.operators.lm import LmTargets, TrimOrPad
 from zephon.operators.map import Map
 from zephon.operators.pack import Pack
+from zephon.operators.random_map import RandomMap
 from zephon.operators.shuffle import Shuffle
 from zephon.operators.split import Split
 from zephon.operators.tokenize import Tokenize
@@ -93,6 +95,11 @@ class Pipeline:
         worker_timeout_s: a worker that produces nothing for this long is reported hung.
         worker_start_method: ``"spawn"`` (safe beside JAX's threads), ``"forkserver"`` or
             ``"fork"``.
+        seed: the root of the operators' randomness: ``shuffle`` without a seed of its own
+            and ``random_map`` derive their random numbers from it and from each record's
+            identity, never from processing order. ``None``: the work source's seed, which
+            also orders the source's samples, so by default one seed drives everything
+            (give both to vary the order and the operators' draws apart).
     """
 
     def __init__(
@@ -116,6 +123,7 @@ class Pipeline:
         ring_slot_bytes: int = 4 << 20,
         worker_timeout_s: float = 60.0,
         worker_start_method: str = "spawn",
+        seed: int | None = None,
     ) -> None:
         if not callable(getattr(source, "for_lane", None)):
             raise TypeError(
@@ -178,6 +186,13 @@ class Pipeline:
             raise ValueError(
                 f"worker_start_method must be 'spawn', 'forkserver' or 'fork'; got {worker_start_method!r}"
             )
+        if seed is not None and (
+            not isinstance(seed, (int, np.integer))
+            or isinstance(seed, bool)
+            or not -(2**63) <= int(seed) < 2**64
+        ):
+            raise ValueError(f"seed must be None or an int in [-2**63, 2**64); got {seed!r}")
+        self.seed = None if seed is None else int(seed)
         self.ring_slot_bytes = ring_slot_bytes
         self.worker_timeout_s = float(worker_timeout_s)
         self.worker_start_method = worker_start_method
@@ -194,6 +209,9 @@ class Pipeline:
         """A new pipeline with a custom :class:`~zephon.Operator` appended."""
         if not isinstance(op, Operator):
             raise TypeError(f"apply() takes a zp.Operator; got {type(op).__name__}")
+        if type(op) is RandomMap and op.stream is None:
+            op = copy.copy(op)
+            op.stream = sum(type(o) is RandomMap for o in self._ops)
         new = copy.copy(self)
         new._ops = (*self._ops, op)
         new._plan = None
@@ -211,6 +229,27 @@ class Pipeline:
     def map(self, fn: Callable[[Any], Any], parallelism: int = 1) -> Pipeline:
         """``fn(data) -> new data`` for every record; order is kept with any parallelism."""
         return self.apply(Map(fn, _parallelism(parallelism)))
+
+    def random_map(
+        self, fn: Callable[[Any, np.random.Generator], Any], parallelism: int = 1
+    ) -> Pipeline:
+        """``fn(data, rng) -> new data`` for every record, ``rng`` a
+        :class:`numpy.random.Generator` seeded from the pipeline's ``seed`` and the record's
+        identity (lane, chunk id, offset, child), never from processing order: a record
+        gets the same numbers with any worker count, world size or restore point.
+
+        Example::
+
+            def mask_tokens(data, rng):
+                tokens = data["tokens"].copy()
+                tokens[rng.random(len(tokens)) < 0.15] = MASK_ID
+                return {**data, "tokens": tokens}
+
+            pipe = pipe.tokenize(tok).random_map(mask_tokens)
+
+        Each ``random_map`` of a pipeline draws from its own stream (the first, the second,
+        ... by position), so two of them never share numbers."""
+        return self.apply(RandomMap(fn, None, _parallelism(parallelism)))
 
     def filter(self, pred: Callable[[Any], bool]) -> Pipeline:
         """Keep records whose data satisfies ``pred``; the rest become tombstones."""
@@ -249,9 +288,87 @@ class Pipeline:
         :class:`~zephon.Schedule` it needs explicit ``weights``."""
         return self.apply(EnsureMixture(weights, buffer_size))
 
-    def batch(self, batch_size: int, drop_last: bool = True) -> Pipeline:
-        """Stack ``batch_size`` records of one lane into numpy arrays; must be last."""
-        return self.apply(Batch(batch_size, drop_last))
+    def lm_targets(
+        self, feature: str = "tokens", ignore_id: int = -100, names: str = "zephon"
+    ) -> Pipeline:
+        """Next-token layout on packed rows: ``inputs`` (the tokens), ``targets``
+        (``targets[i]`` is token ``i + 1`` when it is of the same segment; ``ignore_id`` at
+        a segment's last token, on padding and at the row's end), their segment ids and
+        positions. A document cut across two rows (``split`` or ``concat_then_split``) has
+        no target at its piece's last token: the next token is in another row.
+
+        ``names="zephon"``: ``inputs``, ``targets``, ``inputs_segment_ids``,
+        ``inputs_positions``, ``targets_segment_ids``, ``targets_positions``;
+        ``names="maxtext"``: ``inputs_segmentation``, ``inputs_position``,
+        ``targets_segmentation``, ``targets_position`` (MaxText's model inputs). The
+        targets' segment ids are 0 wherever the target is ``ignore_id``: a loss mask.
+        Unlike MaxText's ``ShiftData``, which shifts across segment boundaries (a
+        segment's last token is trained to predict the next document's first token unless
+        that token is an ignored id), no target crosses a document boundary. Other
+        features pass through.
+
+        Example::
+
+            pipe = pipe.tokenize(tok).pack(2048, strategy="best_fit").lm_targets(
+                ignore_id=0, names="maxtext").batch(8)
+            # batch["targets"][r, i] == batch["inputs"][r, i + 1] where
+            # batch["targets_segmentation"][r, i] != 0
+
+        Needs ``feature``, ``feature_segment_ids`` and ``feature_positions`` (made by
+        ``pack`` or ``trim_or_pad``); may run before or after ``batch``."""
+        return self.apply(LmTargets(feature, ignore_id, names))
+
+    def trim_or_pad(
+        self, max_len: int, pad_values: Mapping[str, Any] | None = None, feature: str = "tokens"
+    ) -> Pipeline:
+        """The non-packed path (MaxText's ``PadOrTrimToMaxLength``): every per-token feature
+        (a 1-D array as long as ``feature``) cut to ``max_len`` or padded to it with its
+        pad value (``pad_values``, default 0), plus ``{feature}_segment_ids`` (1 on real
+        tokens, 0 on padding), ``{feature}_positions`` and a boolean ``{feature}_mask``.
+
+        Example::
+
+            pipe = pipe.tokenize(tok).trim_or_pad(512, pad_values={"tokens": PAD_ID})
+            # {"tokens": int32[512], "tokens_segment_ids": ..., "tokens_positions": ...,
+            #  "tokens_mask": bool[512]}
+
+        Tokens past ``max_len`` are dropped (use ``split`` to keep them as more rows)."""
+        return self.apply(TrimOrPad(max_len, pad_values, feature))
+
+    def batch(
+        self,
+        batch_size: int,
+        drop_last: bool = True,
+        pad_last: bool = False,
+        pad_values: Mapping[str, Any] | None = None,
+    ) -> Pipeline:
+        """Stack ``batch_size`` records of one lane into numpy arrays.
+
+        Args:
+            batch_size: records per lane batch (``output="lockstep"``: per lane of a step).
+            drop_last: drop a lane's last partial batch (False: deliver it short).
+            pad_last: pad a lane's last partial batch to ``batch_size`` with padding rows
+                and add a boolean ``batch_mask`` feature (True on real rows) to every batch,
+                so every batch has one shape. In ``lockstep``, lanes that ended contribute
+                padding rows (mask False) until every lane of the rank has ended: an eval
+                pass delivers every record exactly once. Overrides ``drop_last``.
+            pad_values: a padding row's value per feature (default: what the operators
+                before pad with, such as ``pack(pad_values=...)`` and ``lm_targets``'s
+                ``ignore_id`` for ``targets``; else 0).
+
+        Example::
+
+            pipe = pipe.pack(1024).lm_targets().batch(8, pad_last=True)
+            for b in pipe:                 # b["inputs"]: int32[8, 1024]
+                loss = step(b, weights=b["batch_mask"])
+
+        The checkpoint cut is on records, before ``batch``: a checkpoint restores into a
+        pipeline that differs only in ``batch``'s parameters, whose stream goes on from
+        the same record batched the new way (in ``lockstep``, a step then holds every
+        lane's next ``batch_size`` records)."""
+        if pad_values is None and pad_last:
+            pad_values = _upstream_pads(self._ops)
+        return self.apply(Batch(batch_size, drop_last, pad_last, pad_values))
 
     # ------------------------------------------------------------- compile
     @property
@@ -274,7 +391,7 @@ class Pipeline:
             ctx = PipelineContext(
                 datasets=tuple(getattr(self.source, "datasets", ())),
                 weights=getattr(self.source, "weights", None),
-                seed=int(getattr(self.source, "seed", 0)),
+                seed=self.seed if self.seed is not None else int(getattr(self.source, "seed", 0)),
                 num_components=int(getattr(self.source, "num_components", 0)),
                 names=tuple(getattr(self.source, "names", ())),
             )
@@ -678,6 +795,12 @@ class Pipeline:
                 f"{type(saved_parts).__name__}, expected a dict of str to str), so what differs "
                 "cannot be said; restore a checkpoint written by zephon.save"
             )
+        if saved_parts != parts and _without_batch(saved_parts) == _without_batch(parts):
+            # Only batch's parameters differ: the cut is on records, before batch, so the
+            # record stream goes on exactly and is batched the new way.
+            return None
+        saved_parts = _without_batch(saved_parts)
+        parts = _without_batch(parts)
         if allow_mixture_change:
             ensure = [
                 i for i, op in enumerate(self._compiled().ops) if isinstance(op, EnsureMixture)
@@ -791,6 +914,23 @@ def _old_ensure_weights(parts: Any, i: int, op: EnsureMixture, count: int) -> li
         "(ensure_mixture) had, which replaying its epochs needs; restore without changing "
         "the mixture, or give ensure_mixture no weights (it then follows the work source)"
     )
+
+
+def _upstream_pads(ops: Sequence[Operator]) -> dict[str, Any]:
+    """The pad value per feature that the operators declare (``pad_values``), later ones
+    winning: what a padding row of ``batch(pad_last=True)`` holds."""
+    pads: dict[str, Any] = {}
+    for op in ops:
+        declared = getattr(op, "pad_values", None)
+        if isinstance(declared, Mapping):
+            pads.update(declared)
+    return pads
+
+
+def _without_batch(parts: dict[str, str]) -> dict[str, str]:
+    """A part map without ``batch``'s parameters (its position and name stay)."""
+    batch = {k for k, v in parts.items() if v == "batch" and k.count(".") == 1}
+    return {k: v for k, v in parts.items() if k.rsplit(".", 1)[0] not in batch}
 
 
 def _checked_layout(state: dict[str, Any]) -> tuple[dict[int, Any], dict[int, int], int]:

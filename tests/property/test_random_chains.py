@@ -26,6 +26,10 @@ def _keep(d):
     return int(d["tokens"].sum()) % 5 != 0
 
 
+def _jitter(d, rng):
+    return {"tokens": d["tokens"] + rng.integers(0, 3, size=len(d["tokens"])).astype(np.int32)}
+
+
 def _pad(d):
     out = np.zeros(SEQ, dtype=np.int32)
     t = d["tokens"][:SEQ]
@@ -39,6 +43,7 @@ MIDDLE = {
     "filter": lambda p: p.filter(_keep),
     "shuffle": lambda p: p.shuffle(buffer_size=3),
     "ensure_mixture": lambda p: p.ensure_mixture(),
+    "random_map": lambda p: p.random_map(_jitter),
 }
 
 
@@ -56,6 +61,9 @@ def chains(draw):
         "chunk": draw(st.sampled_from([1, 3, 8])),
         "seed": draw(st.integers(0, 2**16)),
         "batch": draw(st.sampled_from([1, 2, 3])),
+        "trim_or_pad": draw(st.booleans()),
+        "lm_targets": draw(st.booleans()),
+        "pad_last": draw(st.booleans()),
         "output": draw(st.sampled_from(["interleave", "lockstep"])),
     }
 
@@ -81,10 +89,15 @@ def build_from(spec):
     p = p.fetch().tokenize(zp.ByteTokenizer()).split(max_len=SEQ)
     for name in spec["middle_before"]:
         p = MIDDLE[name](p)
-    p = p.pack(seq_len=SEQ, num_bins=2) if spec["pack"] else p.map(_pad)
+    if spec["pack"]:
+        p = p.pack(seq_len=SEQ, num_bins=2)
+    else:
+        p = p.trim_or_pad(SEQ) if spec["trim_or_pad"] else p.map(_pad)
     for name in spec["middle_after"]:
         p = MIDDLE[name](p)
-    return p.batch(spec["batch"])
+    if spec["lm_targets"] and (spec["pack"] or spec["trim_or_pad"]):
+        p = p.lm_targets()
+    return p.batch(spec["batch"], pad_last=spec["pad_last"])
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -5,8 +5,10 @@ from zephon.operators.batch import Batch
 from zephon.operators.ensure_mixture import EnsureMixture
 from zephon.operators.fetch import Fetch
 from zephon.operators.filter import Filter
+from zephon.operators.lm import LmTargets, TrimOrPad
 from zephon.operators.map import Map
 from zephon.operators.pack import Pack
+from zephon.operators.random_map import RandomMap
 from zephon.operators.shuffle import Shuffle
 from zephon.operators.split import Split
 from zephon.operators.tokenize import Tokenize
@@ -17,12 +19,15 @@ __all__ = [
     "Fetch",
     "Filter",
     "LaneStateOperator",
+    "LmTargets",
     "Map",
     "OpTraits",
     "Operator",
     "Pack",
     "PipelineContext",
+    "RandomMap",
     "Shuffle",
     "Split",
     "Tokenize",
+    "TrimOrPad",
 ]

@@ -6,11 +6,17 @@ boundary. Rows are stacked when the batch is built (:meth:`~zephon.records.LazyR
 materialize`): restoring, or starting, to the first batch stacks one batch, not every batch
 the lane's first chunk fills, and a worker builds it straight into a shared-memory ring
 slot (the allocator it passes hands out arrays in the slot).
+
+With ``pad_last`` a lane's last partial batch is filled up to ``batch_size`` with padding
+rows (each feature's pad value: ``pad_values``, else what the operators before it pad
+with, else 0) and every batch carries a boolean ``batch_mask`` marking its real rows; in
+``output="lockstep"`` a lane that ended contributes padding rows (:meth:`Batch.padding_like`)
+until every lane has ended.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -30,12 +36,29 @@ class Batch(LaneStateOperator):
     name = "batch"
     stalls_at_boundaries = True
 
-    def __init__(self, batch_size: int, drop_last: bool = True) -> None:
+    def __init__(
+        self,
+        batch_size: int,
+        drop_last: bool = True,
+        pad_last: bool = False,
+        pad_values: Mapping[str, Any] | None = None,
+    ) -> None:
         super().__init__()
-        if not isinstance(batch_size, int) or batch_size < 1:
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
             raise ValueError(f"batch(batch_size=...) must be a positive int; got {batch_size!r}")
+        if not isinstance(pad_last, bool):
+            raise TypeError(f"batch(pad_last=...) must be True or False; got {pad_last!r}")
+        if pad_values is not None and not isinstance(pad_values, Mapping):
+            raise TypeError(
+                "batch(pad_values=...) must be a dict of feature name to pad value; got "
+                f"{type(pad_values).__name__}"
+            )
+        if pad_values is not None and "batch_mask" in pad_values:
+            raise ValueError("batch(pad_values=...): 'batch_mask' is written by batch itself")
         self.batch_size = batch_size
-        self.drop_last = drop_last
+        self.drop_last = drop_last and not pad_last
+        self.pad_last = pad_last
+        self.pad_values: dict[str, Any] = dict(pad_values or {})
 
     def process(self, record: Record) -> Iterable[Output]:
         buf = self._lanes.get(record.lane)
@@ -47,18 +70,72 @@ class Batch(LaneStateOperator):
         del self._lanes[record.lane]
         return (self._stack(buf),)
 
-    def _stack(self, records: list[Record]) -> BatchRecord:
+    def _stack(self, records: list[Record], padded: bool = False) -> BatchRecord:
         contributors = [c for r in records for c in r.contributors]
         mix: dict[int, int] = {}
         for r in records:
             for comp, w in r.mix.items():
                 mix[comp] = mix.get(comp, 0) + w
         lane, last, n = records[0].lane, records[-1].cursor, len(records)
+        if not self.pad_last:
+            return BatchRecord(
+                None, lane, contributors, mix, last, n, build=lambda a: self._stack_data(records, a)
+            )
         return BatchRecord(
-            None, lane, contributors, mix, last, n, build=lambda a: self._stack_data(records, a)
+            None, lane, contributors, mix, last, n, build=lambda a: self._stack_padded(records, a)
         )
 
-    def _stack_data(self, records: list[Record], allocate: Allocator | None) -> Any:
+    def _stack_padded(self, records: list[Record], allocate: Allocator | None) -> Any:
+        """``batch_size`` rows: the records', then padding; with ``batch_mask``."""
+        first = records[0].data
+        if not isinstance(first, dict):
+            raise TypeError(
+                "batch(pad_last=True) needs records that are dicts of features (it adds a "
+                f"'batch_mask' feature); got {type(first).__name__}: map them to a dict first"
+            )
+        n, size = len(records), self.batch_size
+        if "batch_mask" in first:
+            raise ValueError(
+                "batch(pad_last=True) writes a 'batch_mask' feature, and the records already "
+                "have one: rename it before batch"
+            )
+        rows: list[Any] = list(records)
+        if n < size:
+            pad = _Padding(self._pad_row(first), records[0].lane)
+            rows = [*records, *([pad] * (size - n))]
+        out = self._stack_data(rows, allocate, extra={"batch_mask": ((size,), np.dtype(bool))})
+        mask = out["batch_mask"]
+        mask[:n] = True
+        mask[n:] = False
+        return out
+
+    def _pad_row(self, data: dict[str, Any]) -> dict[str, np.ndarray]:
+        """One padding row shaped like ``data``: every feature its pad value."""
+        from zephon.operators.lm import check_pad_value
+
+        row = {}
+        for k, v in data.items():
+            a = np.asarray(v)
+            value = self.pad_values.get(k, 0)
+            check_pad_value("batch", k, value, a.dtype)
+            row[k] = np.full(a.shape, value, dtype=a.dtype)
+        return row
+
+    def padding_like(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """A batch of padding rows shaped like ``batch`` (a lockstep step's stand-in for a
+        lane that ended); its ``batch_mask`` is all False."""
+        out = {}
+        for k, a in batch.items():
+            value = False if k == "batch_mask" else self.pad_values.get(k, 0)
+            out[k] = np.full(a.shape, value, dtype=a.dtype)
+        return out
+
+    def _stack_data(
+        self,
+        records: list[Any],
+        allocate: Allocator | None,
+        extra: dict[str, tuple[tuple[int, ...], np.dtype]] | None = None,
+    ) -> Any:
         first = records[0].data
         n = len(records)
         if isinstance(first, dict):
@@ -78,8 +155,11 @@ class Batch(LaneStateOperator):
                     )
                 # the widest dtype of the rows: never narrow a later record silently
                 spec[k] = ((n, *a.shape), np.result_type(*rows))
+            stacked = list(spec)
+            if extra:
+                spec.update(extra)
             out = (allocate or _default_allocate)(records[0].lane, spec)
-            for k in spec:
+            for k in stacked:
                 np.stack([r.data[k] for r in records], out=out[k])
             return out
         arrays = [np.asarray(r.data) for r in records]
@@ -107,4 +187,17 @@ class Batch(LaneStateOperator):
         return repr(self)
 
     def __repr__(self) -> str:
-        return f"Batch(batch_size={self.batch_size}, drop_last={self.drop_last})"
+        if not self.pad_last:  # today's text: checkpoints made before pad_last match
+            return f"Batch(batch_size={self.batch_size}, drop_last={self.drop_last})"
+        pads = dict(sorted(self.pad_values.items()))
+        return f"Batch(batch_size={self.batch_size}, pad_last=True, pad_values={pads!r})"
+
+
+class _Padding:
+    """A padding row where ``_stack_data`` expects a record."""
+
+    __slots__ = ("data", "lane")
+
+    def __init__(self, data: dict[str, np.ndarray], lane: int) -> None:
+        self.data = data
+        self.lane = lane

@@ -32,6 +32,8 @@ class LaneRun:
         start_lane: whose turn the consumer's next output is.
         done: lanes whose end was delivered already.
         stopping: set when the engine closes: nothing may wait on a worker after it.
+        pad_ended: in lockstep, go on until every lane ended, padding the ended ones
+            (``batch(pad_last=True)``; see :func:`~zephon.runners.lanes.schedule`).
     """
 
     lanes: list[int]
@@ -41,6 +43,7 @@ class LaneRun:
     start_lane: int
     done: list[int]
     stopping: threading.Event
+    pad_ended: bool = False
 
 
 class Executor(Protocol):

@@ -45,7 +45,7 @@ class LaneOutput:
     """What a lane hands to the consumer: ``record`` (None at the end) + tombstoned pieces,
     and, on the first output of a run of the chain, the lane's counters after that run."""
 
-    __slots__ = ("lane", "record", "tombstones", "end", "lease", "counts")
+    __slots__ = ("lane", "record", "tombstones", "end", "lease", "counts", "padding")
 
     def __init__(
         self,
@@ -61,6 +61,9 @@ class LaneOutput:
         self.end = end
         self.lease: Any = None  # a zero-copy ring slot to release once the consumer moves on
         self.counts = counts
+        #: A lockstep step's stand-in for a lane that ended earlier (see lanes.schedule):
+        #: made where the schedule runs, never written to a ring nor delivered.
+        self.padding = False
 
     def __repr__(self) -> str:
         return f"LaneOutput(lane={self.lane}, record={self.record!r}, tombstones={len(self.tombstones)}, end={self.end})"

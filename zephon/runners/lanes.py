@@ -13,7 +13,10 @@ The end of a lane is an output of its own (``LaneOutput.end``), taken in the lan
 like any batch: a lane whose last batch is partial yields that batch in one turn and its
 end in the next. In ``lockstep`` the stream stops at the first step in which some lane
 ends; that step is yielded (a worker writes all of it, the consumer reads all of it) and
-not delivered.
+not delivered. With ``pad_ended`` (``batch(pad_last=True)``) it goes on instead until
+every lane has ended: a lane that ended takes part in each later step with a padding
+output (:func:`padding`) that the schedule makes itself, so a worker writes nothing for
+it and the parent reads nothing; the consumer fills its rows with padding.
 """
 
 from __future__ import annotations
@@ -77,6 +80,13 @@ class LaneOutputs:
         return ready.popleft()
 
 
+def padding(lane: int) -> LaneOutput:
+    """A lockstep step's output for ``lane``, which ended in an earlier step."""
+    out = LaneOutput(lane, None, [], end=True)
+    out.padding = True
+    return out
+
+
 def schedule(
     lanes: Sequence[int],
     output: str,
@@ -84,22 +94,30 @@ def schedule(
     *,
     start_lane: int,
     done: Collection[int] = (),
+    pad_ended: bool = False,
 ) -> Iterator[LaneOutput | list[LaneOutput]]:
     """The outputs of ``lanes`` (ascending) in the order the consumer takes them.
 
     ``interleave``: one output at a time, round-robin over the lanes that have not ended,
     from the first lane >= ``start_lane``; a lane leaves the rotation after its end output.
     ``lockstep``: a list with one output of every lane per step, until (and including) the
-    first step in which some lane ends; nothing if a lane in ``done`` already ended.
+    first step in which some lane ends; nothing if a lane in ``done`` already ended. With
+    ``pad_ended``: until every lane has ended, a lane that ended before the step taking
+    part with :func:`padding`; the last step yielded holds only ends.
     """
     if output == LOCKSTEP:
-        if any(lane in done for lane in lanes):
+        ended = {lane for lane in lanes if lane in done}
+        if ended and not pad_ended:
             return
-        while True:
-            step = [next_output(lane) for lane in lanes]
+        while len(ended) < len(lanes):
+            step = [padding(lane) if lane in ended else next_output(lane) for lane in lanes]
             yield step
-            if any(out.end for out in step):
-                return
+            if not pad_ended:
+                if any(out.end for out in step):
+                    return
+                continue
+            ended.update(out.lane for out in step if out.end)
+        return
     rot = [lane for lane in lanes if lane not in done]
     pos = next((i for i, lane in enumerate(rot) if lane >= start_lane), 0)
     while rot:

@@ -169,6 +169,7 @@ class ProcessExecutor:
                     "output": run.output,
                     "start_lane": run.start_lane,
                     "done": [lane for lane in mine if lane in run.done],
+                    "pad_ended": run.pad_ended,
                 }
                 ring = self._create_ring(wid, n)
                 parent_conn, child_conn = ctx.Pipe(duplex=True)

@@ -72,6 +72,7 @@ class Worker:
         self.output: str = cfg["output"]
         self.start_lane: int = cfg["start_lane"]
         self.done: list[int] = cfg["done"]
+        self.pad_ended: bool = cfg["pad_ended"]
         self.outputs = LaneOutputs(runner, self._pull, len(self.lanes))
         self.feeds: dict[int, deque[list[Any]]] = {lane: deque() for lane in self.lanes}
         self.asked: dict[int, int] = dict.fromkeys(self.lanes, 0)
@@ -172,9 +173,11 @@ class Worker:
             self.outputs.next,
             start_lane=self.start_lane,
             done=self.done,
+            pad_ended=self.pad_ended,
         ):
             for out in item if isinstance(item, list) else (item,):
-                self._write(out)
+                if not out.padding:  # the parent's schedule makes its own
+                    self._write(out)
         # Everything is written; wait for the parent to say stop (it may still read).
         while True:
             self._receive()
