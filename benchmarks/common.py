@@ -332,21 +332,6 @@ def batches_equal(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     return a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
 
 
-def summarize_results(
-    results: Mapping[str, Sequence[Mapping[str, Any]]], metrics: Sequence[str]
-) -> dict[str, dict[str, dict[str, float]]]:
-    """``{name: {metric: {median, min, max, n}}}`` from :func:`interleaved_repeats` output
-    whose results are dicts (e.g. :func:`measure_throughput`'s)."""
-    return {
-        name: {m: summarize([r[m] for r in runs if m in r]) for m in metrics}
-        for name, runs in results.items()
-    }
-
-
-# ---------------------------------------------------------------------------------------------
-# Results and machine info
-
-
 def _cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:

@@ -149,7 +149,7 @@ class LaneTracker:
         self.lane = lane
         self.source = source
         self.mode = mode
-        self.k = flush_every_k_chunks
+        self.flush_every_k_chunks = flush_every_k_chunks
         self.inflight: dict[int, ChunkTrack] = {}  # ascending chunk id (insertion order)
         self.boundaries: list[int] = []  # ascending; b = first chunk after a sentinel
         self.cursor: SampleCursor | None = None
@@ -207,7 +207,7 @@ class LaneTracker:
         self.inflight[chunk.chunk_id] = ChunkTrack(chunk)
         self.next_chunk_id += 1
         items = [chunk]
-        if self.k and (chunk.chunk_id + 1) % self.k == 0:
+        if self.flush_every_k_chunks and (chunk.chunk_id + 1) % self.flush_every_k_chunks == 0:
             self.boundaries.append(chunk.chunk_id + 1)
             items.append(FlushSentinel(self.lane, chunk.chunk_id + 1))
         return items
@@ -381,12 +381,18 @@ class LaneTracker:
         ok = (
             all(a < b for a, b in itertools.pairwise(boundaries))
             and all(floor <= b <= next_id and (ids or b == floor) for b in boundaries)
-            and (not boundaries or (self.k > 0 and all(b % self.k == 0 for b in boundaries)))
+            and (
+                not boundaries
+                or (
+                    self.flush_every_k_chunks > 0
+                    and all(b % self.flush_every_k_chunks == 0 for b in boundaries)
+                )
+            )
         )
         if not ok:
             raise CheckpointError(
                 f"boundaries {boundaries} are not ascending multiples of "
-                f"flush_every_k_chunks={self.k} within chunks {floor}..{next_id}"
+                f"flush_every_k_chunks={self.flush_every_k_chunks} within chunks {floor}..{next_id}"
             )
         return boundaries
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from zephon._fingerprint import call_parameters
@@ -54,7 +54,6 @@ class PipelineContext:
     seed: int = 0
     num_components: int = 0
     names: Sequence[str] = ()
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class Operator:

@@ -619,10 +619,6 @@ class ShmRing:
             _raise_for_status(status, "reserve", self.name, timeout_s)
         return SlotWriter(self, slot, self._slot_view(view, slot))
 
-    def commit(self, slot: SlotWriter, meta: bytes | bytearray | memoryview = b"") -> int:
-        """Same as ``slot.commit(meta)``."""
-        return slot.commit(meta)
-
     def put(
         self,
         meta: bytes | bytearray | memoryview,
