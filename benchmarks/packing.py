@@ -188,9 +188,7 @@ def main(argv: list[str] | None = None) -> int:
             goals[f"zephon {s} >= 2x grain"] = by[("zephon", s)]["x grain"] >= 2.0
     for goal, met in goals.items():
         print(f"{'met' if met else 'NOT met'}: {goal}")
-    write_results(
-        "packing", rows, args.results, extra={"args": vars(args), "goals": goals}
-    )
+    write_results("packing", rows, args.results, extra={"args": vars(args), "goals": goals})
     return 0
 
 

@@ -50,8 +50,7 @@ def test_pack_options_continue_exactly_from_world_size_2_to_1(option):
 
     def global_batches(world_size, steps, state=None):
         pipes = [
-            build(rank=r, world_size=world_size, output="lockstep", **kw)
-            for r in range(world_size)
+            build(rank=r, world_size=world_size, output="lockstep", **kw) for r in range(world_size)
         ]
         try:
             if state is not None:

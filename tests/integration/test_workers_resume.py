@@ -54,9 +54,7 @@ def test_pack_options_resume_across_worker_counts(option, output):
     """pack's strategies and options: workers 0 -> 2 -> 1, each restore exact."""
 
     def build(workers):
-        return lm_pipeline(
-            seed=23, workers=workers, output=output, pack_kw=PACK_OPTIONS[option]
-        )
+        return lm_pipeline(seed=23, workers=workers, output=output, pack_kw=PACK_OPTIONS[option])
 
     with build(0) as p:
         ref = take(p)

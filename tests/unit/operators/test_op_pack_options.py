@@ -58,9 +58,7 @@ def test_best_fit_chooses_the_rows_grains_best_fit_chooses() -> None:
     for trial in range(40):
         cap, bins = int(rng.integers(8, 40)), int(rng.integers(1, 6))
         lengths = rng.integers(1, cap + 1, 30)
-        grain = packing.BestFitPackedBatch(
-            {"tokens": np.zeros(1, np.int32)}, bins, {"tokens": cap}
-        )
+        grain = packing.BestFitPackedBatch({"tokens": np.zeros(1, np.int32)}, bins, {"tokens": cap})
         fill, segments = np.zeros(bins, np.int64), np.zeros(bins, np.int64)
         for n in lengths.tolist():
             before = fill.copy()
