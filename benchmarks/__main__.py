@@ -14,6 +14,7 @@ Questions (one script each, also runnable alone as ``python -m benchmarks.<modul
     q9  many_lanes        one rank owning thousands of lanes (elastic shrink) against 8
     q10 worker_memory     a 500 MB in-memory dataset with 2 workers: summed PSS, first batch
     q11 many_components   mixtures of 2 to 1,000 components: next_chunk, memory, throughput
+    q12 packing           first fit, best fit, concat-then-split: padding and batches/s vs Grain
 
 Each writes ``<results>/<module>.json`` (rows plus the machine, package versions and date)
 and, where it has one, ``<results>/<module>.png``; this runner also writes
@@ -43,9 +44,10 @@ QUESTIONS: dict[str, tuple[str, str]] = {
     "q9": ("many_lanes", "one rank owning many lanes"),
     "q10": ("worker_memory", "in-memory dataset with workers: memory, first batch"),
     "q11": ("many_components", "mixtures of many components"),
+    "q12": ("packing", "packing strategies vs Grain's packers"),
 }
 # Scripts that compare with Grain and accept --no-grain.
-_GRAIN = {"q1", "q2", "q4", "q5"}
+_GRAIN = {"q1", "q2", "q4", "q5", "q12"}
 
 
 def _parse_only(text: str | None) -> list[str]:

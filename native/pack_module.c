@@ -2,7 +2,7 @@
  * function in Python; the tests compare them).
  *
  * place_into(strategy, fill, segments, lengths, cap, max_segments, target, evict, full,
- *            instance, emitted, opened) -> number of bins emitted
+ *            instance, head, emitted, opened) -> number of bins emitted
  * places pieces of `lengths` (int64), in order, into bins whose token counts are `fill`
  * and piece counts `segments` (int64 buffers, one per bin, updated in place):
  *   strategy 0 (first fit): the lowest bin with room for the piece;
@@ -11,19 +11,27 @@
  * bin (int32, -1 when none was). The piece goes to target[k] (int32); when that bin is then
  * full (cap tokens, or max_segments pieces when max_segments > 0) it is emptied too and
  * full[k] is 1 (uint8). An emptied bin starts again at 0 tokens and 0 pieces. Every length
- * must be in [0, cap]. The GIL is released while it runs.
+ * must be in [0, cap]. head[k] (int64) is the piece's length.
+ *   strategy 2 (concat then split): one bin (num_bins must be 1); a piece that does not fit
+ * is cut: its first head[k] tokens (the bin's room) fill the bin, which is emptied, then
+ * every further cap tokens fill a bin of their own (emptied), and what is left (if any)
+ * starts the next filling as its first piece. Lengths may exceed cap; full[k] is 1 when the
+ * bin is empty after the piece. evict[k] is -1 and target[k] 0.
+ * The GIL is released while it runs.
  *
  * What a bin holds from one emptying to the next is an instance, numbered s * num_bins + b
  * for the s-th filling of bin b in this call (s = 0: what it held when the call began).
- * instance[k] (int64) is piece k's; emitted (int64, room for 2 per piece) lists the
- * instances emptied, in order; opened[b] (int64) is bin b's s at the end.
+ * instance[k] (int64) is the one piece k goes to (its first tokens, when it is cut; the
+ * rest go to the instances after it, in order); emitted (int64, room for 2 per piece, plus
+ * sum(lengths) / cap for strategy 2) lists the instances emptied, in order; opened[b]
+ * (int64) is bin b's s at the end.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
 #include <stdint.h>
 
-enum { FIRST_FIT = 0, BEST_FIT = 1 };
+enum { FIRST_FIT = 0, BEST_FIT = 1, CONCAT_THEN_SPLIT = 2 };
 
 typedef struct {
     Py_buffer view;
@@ -54,13 +62,47 @@ static void release(Buf *b) {
 static Py_ssize_t place(int strategy, int64_t *fill, int64_t *segments, Py_ssize_t num_bins,
                         const int64_t *lengths, Py_ssize_t count, int64_t cap,
                         int64_t max_segments, int32_t *target, int32_t *evict, uint8_t *full,
-                        int64_t *instance, int64_t *emitted, int64_t *opened) {
+                        int64_t *instance, int64_t *head, int64_t *emitted, int64_t *opened) {
     Py_ssize_t n_emitted = 0;
     for (Py_ssize_t b = 0; b < num_bins; b++) {
         opened[b] = 0;
     }
+    if (strategy == CONCAT_THEN_SPLIT) { /* one bin: fill[0] < cap between pieces */
+        for (Py_ssize_t k = 0; k < count; k++) {
+            int64_t n = lengths[k], room = cap - fill[0];
+            target[k] = 0;
+            evict[k] = -1;
+            instance[k] = opened[0];
+            if (n <= room) {
+                head[k] = n;
+                fill[0] += n;
+                segments[0] += 1;
+                full[k] = fill[0] == cap || (max_segments > 0 && segments[0] >= max_segments);
+            } else {
+                int64_t rest = n - room;
+                head[k] = room;
+                emitted[n_emitted++] = opened[0]++;
+                for (; rest >= cap; rest -= cap) {
+                    emitted[n_emitted++] = opened[0]++;
+                }
+                fill[0] = rest;
+                segments[0] = rest > 0;
+                full[k] = rest == 0 || max_segments == 1;
+                if (rest == 0) {
+                    continue;
+                }
+            }
+            if (full[k]) {
+                emitted[n_emitted++] = opened[0]++;
+                fill[0] = 0;
+                segments[0] = 0;
+            }
+        }
+        return n_emitted;
+    }
     for (Py_ssize_t k = 0; k < count; k++) {
         int64_t n = lengths[k], room = cap - n;
+        head[k] = n;
         Py_ssize_t b = -1;
         if (strategy == FIRST_FIT) {
             for (Py_ssize_t i = 0; i < num_bins; i++) {
@@ -107,21 +149,23 @@ static Py_ssize_t place(int strategy, int64_t *fill, int64_t *segments, Py_ssize
 
 PyDoc_STRVAR(place_into_doc,
              "place_into(strategy, fill, segments, lengths, cap, max_segments, target, evict,\n"
-             "           full, instance, emitted, opened, /) -> int\n\n"
+             "           full, instance, head, emitted, opened, /) -> int\n\n"
              "Places pieces of the given lengths into bins (see the module docstring).");
 
 static PyObject *py_place_into(PyObject *Py_UNUSED(self), PyObject *args) {
     int strategy;
     long long cap, max_segments;
     PyObject *fill_obj, *seg_obj, *len_obj, *target_obj, *evict_obj, *full_obj, *inst_obj,
-        *emit_obj, *open_obj;
-    if (!PyArg_ParseTuple(args, "iOOOLLOOOOOO:place_into", &strategy, &fill_obj, &seg_obj,
+        *head_obj, *emit_obj, *open_obj;
+    if (!PyArg_ParseTuple(args, "iOOOLLOOOOOOO:place_into", &strategy, &fill_obj, &seg_obj,
                           &len_obj, &cap, &max_segments, &target_obj, &evict_obj, &full_obj,
-                          &inst_obj, &emit_obj, &open_obj)) {
+                          &inst_obj, &head_obj, &emit_obj, &open_obj)) {
         return NULL;
     }
-    if (strategy != FIRST_FIT && strategy != BEST_FIT) {
-        PyErr_Format(PyExc_ValueError, "strategy must be 0 (first fit) or 1 (best fit); got %d",
+    if (strategy != FIRST_FIT && strategy != BEST_FIT && strategy != CONCAT_THEN_SPLIT) {
+        PyErr_Format(PyExc_ValueError,
+                     "strategy must be 0 (first fit), 1 (best fit) or 2 (concat then split); "
+                     "got %d",
                      strategy);
         return NULL;
     }
@@ -131,12 +175,13 @@ static PyObject *py_place_into(PyObject *Py_UNUSED(self), PyObject *args) {
         return NULL;
     }
     Buf fill = {0}, seg = {0}, lens = {0}, target = {0}, evict = {0}, full = {0}, inst = {0},
-        emit = {0}, open = {0};
+        head = {0}, emit = {0}, open = {0};
     PyObject *result = NULL;
     if (get(&fill, fill_obj, 8, 1, "fill") < 0 || get(&seg, seg_obj, 8, 1, "segments") < 0 ||
         get(&lens, len_obj, 8, 0, "lengths") < 0 || get(&target, target_obj, 4, 1, "target") < 0 ||
         get(&evict, evict_obj, 4, 1, "evict") < 0 || get(&full, full_obj, 1, 1, "full") < 0 ||
-        get(&inst, inst_obj, 8, 1, "instance") < 0 || get(&emit, emit_obj, 8, 1, "emitted") < 0 ||
+        get(&inst, inst_obj, 8, 1, "instance") < 0 || get(&head, head_obj, 8, 1, "head") < 0 ||
+        get(&emit, emit_obj, 8, 1, "emitted") < 0 ||
         get(&open, open_obj, 8, 1, "opened") < 0) {
         goto done;
     }
@@ -146,29 +191,38 @@ static PyObject *py_place_into(PyObject *Py_UNUSED(self), PyObject *args) {
         goto done;
     }
     if (target.view.len != 4 * count || evict.view.len != 4 * count || full.view.len != count ||
-        inst.view.len != 8 * count) {
+        inst.view.len != 8 * count || head.view.len != 8 * count) {
         PyErr_SetString(PyExc_ValueError,
-                        "target, evict, full and instance must be one item per piece");
+                        "target, evict, full, instance and head must be one item per piece");
         goto done;
     }
-    if (emit.view.len < 16 * count || open.view.len != fill.view.len) {
-        PyErr_SetString(PyExc_ValueError,
-                        "emitted must hold 2 items per piece and opened one per bin");
+    if (strategy == CONCAT_THEN_SPLIT && num_bins != 1) {
+        PyErr_Format(PyExc_ValueError, "concat then split fills one bin; got %zd", num_bins);
         goto done;
     }
     const int64_t *lengths = lens.view.buf;
+    int64_t cut_rows = 0; /* the most bins strategy 2 may empty beyond 2 per piece */
     for (Py_ssize_t k = 0; k < count; k++) {
-        if (lengths[k] < 0 || lengths[k] > cap) {
+        if (lengths[k] < 0 || (strategy != CONCAT_THEN_SPLIT && lengths[k] > cap)) {
             PyErr_Format(PyExc_ValueError, "piece %zd has length %lld, outside [0, cap=%lld]", k,
                          (long long)lengths[k], cap);
             goto done;
         }
+        if (strategy == CONCAT_THEN_SPLIT) {
+            cut_rows += lengths[k] / cap;
+        }
+    }
+    if (emit.view.len / 8 < 2 * count + cut_rows || open.view.len != fill.view.len) {
+        PyErr_SetString(PyExc_ValueError,
+                        "emitted must hold 2 items per piece (plus sum(lengths) / cap for "
+                        "concat then split) and opened one per bin");
+        goto done;
     }
     Py_ssize_t n_emitted;
     Py_BEGIN_ALLOW_THREADS;
     n_emitted = place(strategy, fill.view.buf, seg.view.buf, num_bins, lengths, count, cap,
                       max_segments, target.view.buf, evict.view.buf, full.view.buf,
-                      inst.view.buf, emit.view.buf, open.view.buf);
+                      inst.view.buf, head.view.buf, emit.view.buf, open.view.buf);
     Py_END_ALLOW_THREADS;
     result = PyLong_FromSsize_t(n_emitted);
 done:
@@ -179,6 +233,7 @@ done:
     release(&evict);
     release(&full);
     release(&inst);
+    release(&head);
     release(&emit);
     release(&open);
     return result;

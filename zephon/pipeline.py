@@ -256,19 +256,147 @@ class Pipeline:
         return self.apply(Filter(pred))
 
     def tokenize(self, tokenizer: Any, field: str | None = None, parallelism: int = 1) -> Pipeline:
-        """Text (or ``data[field]``) to ``{"tokens": int32}`` with ``tokenizer.encode``."""
+        """Returns a pipeline whose samples are tokenized: text (or ``data[field]``, default
+        ``"text"``, of a dict sample) becomes ``{"tokens": int32}`` by ``tokenizer.encode``
+        (``encode_batch`` when it has one).
+
+        A dict sample keeps its other fields (the text field is replaced by ``tokens``), so
+        a document's scalars and per-token arrays reach ``split`` and ``pack``.
+
+        Example usage::
+
+          pipe = zp.Pipeline(src).fetch().tokenize(zp.ByteTokenizer(add_eos=False))
+          # a sample {"text": "hi", "loss_weight": 0.5} becomes
+          # {"tokens": array([104, 105], dtype=int32), "loss_weight": 0.5}
+
+        Args:
+          tokenizer: an object with ``encode(text)`` (``zp.ByteTokenizer``, the Hugging Face
+            and sentencepiece adapters).
+          field: the text field of dict samples (default ``"text"``).
+          parallelism: threads tokenizing slices of a chunk at once.
+        """
         return self.apply(Tokenize(tokenizer, field, _parallelism(parallelism)))
 
     def split(self, max_len: int, feature: str = "tokens") -> Pipeline:
-        """Cut each sample into pieces of at most ``max_len`` (child i of n, last flagged)."""
+        """Returns a pipeline whose samples are cut into pieces of at most ``max_len``.
+
+        ``feature`` sets the length; every other array of that same length (a per-token
+        feature: targets, a loss mask) is cut at the same places, and every other field is
+        copied to each piece. Piece ``i`` of ``n`` is child ``i`` of the sample, the last
+        flagged, so completion tracking knows when a sample is whole.
+
+        Example usage::
+
+          pipe = pipe.split(max_len=4)
+          # {"tokens": [1, 2, 3, 4, 5, 6], "mask": [1, 1, 0, 1, 1, 1], "id": 7} becomes
+          # {"tokens": [1, 2, 3, 4], "mask": [1, 1, 0, 1], "id": 7} (child 0) and
+          # {"tokens": [5, 6], "mask": [1, 1], "id": 7} (child 1, the last)
+
+        Args:
+          max_len: the most tokens per piece.
+          feature: the feature whose length is cut (default ``"tokens"``).
+        """
         return self.apply(Split(max_len, feature))
 
     def pack(
-        self, seq_len: int, num_bins: int = 8, features: Sequence[str] = ("tokens",)
+        self,
+        seq_len: int,
+        num_bins: int | None = None,
+        features: Sequence[str] = ("tokens",),
+        *,
+        strategy: str = "first_fit",
+        max_segments: int | None = None,
+        pad_values: Mapping[str, Any] | None = None,
+        meta_features: Sequence[str] = (),
+        broadcast: Sequence[str] | Mapping[str, Any] = (),
+        component_feature: str | None = None,
+        bos_id: int | None = None,
+        bos_handling: str | None = None,
     ) -> Pipeline:
-        """First-fit pack pieces into ``num_bins`` open bins of ``seq_len``; emits
-        ``f``, ``f_segment_ids``, ``f_positions`` per feature, padded with 0."""
-        return self.apply(Pack(seq_len, num_bins, features))
+        """Returns a pipeline of rows of ``seq_len`` tokens packed from several pieces.
+
+        Each packed feature ``f`` becomes ``f`` (the pieces concatenated, padded),
+        ``f_segment_ids`` (1, 2, ... per piece, 0 on padding) and ``f_positions`` (0, 1, ...
+        within each piece), int32 (Grain's names). How pieces are placed:
+
+        * ``"first_fit"`` (default): ``num_bins`` open rows (default 8); a piece goes to the
+          lowest row it fits (Grain's ``FirstFitPackIterDataset``);
+        * ``"best_fit"``: to the row with the least room that still fits it, the lowest on
+          ties (Grain's ``BestFitPackIterDataset``). Either way a row leaves when full
+          (``seq_len`` tokens or ``max_segments`` pieces), or, when a piece fits no row, the
+          fullest row leaves (lowest on ties) and the piece starts it again.
+        * ``"concat_then_split"``: one open row (Grain's ``ConcatThenSplitIterDataset``):
+          documents are concatenated and cut at exactly ``seq_len``, so rows are padded only
+          at a flush sentinel, at the end of data or by ``max_segments``. No ``split``
+          before it: it cuts documents itself, and needs whole samples. As in Grain, a
+          document cut across rows continues in the next row as a new segment: segment id
+          1 there (the first of that row) and positions restarting at 0.
+
+        Example usage::
+
+          pipe = pipe.tokenize(tok).split(max_len=8).pack(seq_len=8, num_bins=2)
+          # pieces [1, 2, 3], [4, 5], [6, 7, 8, 9, 10] give the row
+          #   tokens             [1, 2, 3, 4, 5, 0, 0, 0]   (first fit: [1, 2, 3] then [4, 5];
+          #   tokens_segment_ids [1, 1, 1, 2, 2, 0, 0, 0]    [6, ..., 10] fits no more there
+          #   tokens_positions   [0, 1, 2, 0, 1, 0, 0, 0]    and opens the second row)
+          pipe = pipe.tokenize(tok).pack(seq_len=4, strategy="concat_then_split")
+          # documents [1, 2, 3], [4, 5, 6] give rows [1, 2, 3, 4] (segment ids [1, 1, 1, 2],
+          # positions [0, 1, 2, 0]) and [5, 6, ...] (segment ids [1, 1, ...], positions
+          # [0, 1, ...])
+
+        Args:
+          seq_len: tokens per row.
+          num_bins: open rows (first and best fit; default 8; concat-then-split has one).
+          features: the per-token features packed with their own segment ids and positions
+            (all of one length in a piece).
+          strategy: ``"first_fit"``, ``"best_fit"`` or ``"concat_then_split"``.
+          max_segments: at most this many segments per row (Grain's
+            ``max_sequences_per_bin``, MaxText's ``max_segments_per_seq``); a row that
+            reaches it leaves, padded.
+          pad_values: pad value per feature, e.g. ``{"targets": -100}`` (default 0); it must
+            be exactly representable in the feature's dtype (``ValueError`` otherwise).
+            Segment ids and positions always pad with 0.
+          meta_features: per-token features packed alongside (concatenated, padded, cut
+            along by concat-then-split) without segment ids or positions (Grain's
+            ``meta_features``).
+          broadcast: scalar fields of each document (kept by ``tokenize``, copied to every
+            piece by ``split``) turned into per-token features of the piece's length and
+            packed like meta features, e.g. ``broadcast={"loss_weight": "float32"}`` (a list
+            of names keeps each number's own dtype).
+          component_feature: if given, the name of an int32 feature holding, per token, the
+            index of the mixture component it came from (for loss per dataset).
+          bos_id: the BOS token id for ``bos_handling``.
+          bos_handling: ``"replace_first_token"`` sets the first token of every segment of
+            each packed feature (a document's continuation in the next row included) to
+            ``bos_id``, dropping the token that was there (Grain's
+            ``BOSHandling.REPLACE_FIRST_TOKEN_WITH_BOS``); default None adds nothing.
+
+        Returns:
+          A pipeline of dicts of arrays of shape ``(seq_len,)``; a packed record's identity
+          is its first piece's.
+        """
+        if strategy == "concat_then_split":
+            splits = [op for op in self._ops if isinstance(op, Split)]
+            if splits:
+                raise ValueError(
+                    f"pack(strategy='concat_then_split') cuts documents itself and needs whole "
+                    f"samples; remove {splits[-1]!r} before it"
+                )
+        return self.apply(
+            Pack(
+                seq_len,
+                num_bins,
+                features,
+                strategy=strategy,
+                max_segments=max_segments,
+                pad_values=pad_values,
+                meta_features=meta_features,
+                broadcast=broadcast,
+                component_feature=component_feature,
+                bos_id=bos_id,
+                bos_handling=bos_handling,
+            )
+        )
 
     def shuffle(self, buffer_size: int, seed: int | None = None) -> Pipeline:
         """Per-lane buffer shuffle, re-seeded every epoch from (seed, lane, epoch start)."""

@@ -27,21 +27,32 @@ def lm_pipeline(
     batch_size: int = 3,
     prefetch: int = 2,
     output: str = "interleave",
+    pack_kw: dict | None = None,
     **kw,
 ) -> zp.Pipeline:
     """tokenize -> split -> pack -> shuffle -> ensure_mixture -> batch over two components
-    whose documents differ in length."""
+    whose documents differ in length.
+
+    ``pack_kw`` goes to ``pack`` (with ``strategy="concat_then_split"`` there is no split);
+    when it names meta features or broadcast fields, documents are dicts with a ``weight``
+    field and a map after tokenize adds a per-token ``mask``."""
+    pack_kw = dict(pack_kw or {})
+    fields = bool(pack_kw.get("meta_features") or pack_kw.get("broadcast"))
+    long_docs, short_docs = docs(n_docs, seed, 20, 200), docs(n_docs, seed + 1, 3, 40)
+    if fields:
+        long_docs = [{"text": t, "weight": 0.5 + i % 3} for i, t in enumerate(long_docs)]
+        short_docs = [{"text": t, "weight": 0.25} for t in short_docs]
     src = zp.StaticMixtureWorkSource(
         datasets={
-            "long": zp.ArraySource(docs(n_docs, seed, 20, 200)),
-            "short": zp.ArraySource(docs(n_docs, seed + 1, 3, 40)),
+            "long": zp.ArraySource(long_docs),
+            "short": zp.ArraySource(short_docs),
         },
         weights={"long": 0.6, "short": 0.4},
         seed=seed,
         chunk_size=chunk_size,
         num_epochs=num_epochs,
     )
-    return (
+    pipe = (
         zp.Pipeline(
             src,
             canonical_replicas=lanes,
@@ -52,9 +63,35 @@ def lm_pipeline(
         )
         .fetch()
         .tokenize(zp.ByteTokenizer())
-        .split(max_len=seq_len)
-        .pack(seq_len=seq_len, num_bins=3)
-        .shuffle(buffer_size=4)
-        .ensure_mixture()
-        .batch(batch_size)
     )
+    if fields:
+        pipe = pipe.map(with_mask)
+    if pack_kw.get("strategy") == "concat_then_split":
+        pipe = pipe.pack(seq_len=seq_len, **pack_kw)
+    else:
+        pipe = pipe.split(max_len=seq_len).pack(seq_len=seq_len, num_bins=3, **pack_kw)
+    return pipe.shuffle(buffer_size=4).ensure_mixture().batch(batch_size)
+
+
+def with_mask(d: dict) -> dict:
+    """A per-token feature for pack's meta features: the parity of each token."""
+    return {**d, "mask": (d["tokens"] % 2).astype(np.int8)}
+
+
+#: pack options the worker and elastic matrices run (issue 17).
+PACK_OPTIONS = {
+    "best_fit": {"strategy": "best_fit", "max_segments": 3, "pad_values": {"tokens": -1}},
+    "concat_then_split": {
+        "strategy": "concat_then_split",
+        "bos_id": 1,
+        "bos_handling": "replace_first_token",
+        "component_feature": "tokens_component",
+    },
+    "fields": {
+        "strategy": "best_fit",
+        "meta_features": ("mask",),
+        "broadcast": {"weight": "float32"},
+        "component_feature": "tokens_component",
+        "pad_values": {"mask": -1},
+    },
+}

@@ -31,6 +31,7 @@ SCRIPTS = [
     "many_lanes",
     "worker_memory",
     "many_components",
+    "packing",
 ]
 
 
@@ -71,6 +72,17 @@ def test_script_quick(name, tmp_path, capsys):
         for r in zephon_rows:
             assert r["lanes exact"] == "8/8" and r["docs repeated"] == 0, r
             assert r["stream exact"] in (True, None), r
+    elif name == "packing":
+        strategies = ["first_fit", "best_fit", "concat_then_split"]
+        zephon = {r["strategy"]: r for r in rows if r["loader"] == "zephon"}
+        assert sorted(zephon) == sorted(strategies)
+        assert all(r["batches/s best"] > 0 for r in rows), rows
+        assert zephon["concat_then_split"]["padding fraction"] <= min(
+            zephon["first_fit"]["padding fraction"], zephon["best_fit"]["padding fraction"]
+        ), rows
+        if any(r["loader"] == "grain" for r in rows):
+            assert {r["strategy"] for r in rows if r["loader"] == "grain"} == set(strategies)
+            assert all(zephon[s]["x grain"] > 0 for s in strategies), rows
     elif name == "restore":
         assert all(r["exact"] for r in rows), rows
     elif name == "worker_memory":

@@ -7,7 +7,7 @@ import hashlib
 
 import numpy as np
 import pytest
-from corpus import lm_pipeline
+from corpus import PACK_OPTIONS, lm_pipeline
 
 from zephon.pipeline import merge_states
 from zephon.testing import assert_same_batches, roundtrip, take
@@ -35,17 +35,53 @@ def build(**kw):
     return lm_pipeline(seed=31, lanes=LANES, num_epochs=None, **kw)
 
 
+@pytest.mark.parametrize("option", sorted(PACK_OPTIONS))
+def test_pack_options_continue_exactly_from_world_size_2_to_1(option):
+    """Interleave: every lane continues exactly; lockstep: the same global batches."""
+    kw = {"pack_kw": PACK_OPTIONS[option]}
+    with build(**kw) as p:
+        ref = per_lane(p, 40)
+    before, merged = run_ranks(2, 0, steps=[6, 9], state=None, **kw)
+    after, _ = run_ranks(1, 0, steps=[20], state=merged, **kw)
+    for lane in range(LANES):
+        got = before.get(lane, []) + after.get(lane, [])
+        assert got == ref[lane][: len(got)], f"lane {lane} diverged"
+        assert after.get(lane)
+
+    def global_batches(world_size, steps, state=None):
+        pipes = [
+            build(rank=r, world_size=world_size, output="lockstep", **kw) for r in range(world_size)
+        ]
+        try:
+            if state is not None:
+                for p in pipes:
+                    p.restore(state)
+            out = [
+                {k: np.concatenate([b[k] for b in bs]) for k in bs[0]}
+                for bs in ([next(p) for p in pipes] for _ in range(steps))
+            ]
+            return out, merge_states([roundtrip(p.checkpoint()) for p in pipes])
+        finally:
+            for p in pipes:
+                p.close()
+
+    ref_global, _ = global_batches(1, 8)
+    head, merged = global_batches(2, 3)
+    tail, _ = global_batches(1, 5, merged)
+    assert_same_batches(ref_global, head + tail)
+
+
 @pytest.fixture(scope="module")
 def uninterrupted():
     with build() as p:
         return per_lane(p, 120)
 
 
-def run_ranks(world_size: int, workers: int, steps: list[int], state=None):
+def run_ranks(world_size: int, workers: int, steps: list[int], state=None, **kw):
     streams: dict[int, list[str]] = {}
     states = []
     for rank in range(world_size):
-        with build(rank=rank, world_size=world_size, workers=workers) as p:
+        with build(rank=rank, world_size=world_size, workers=workers, **kw) as p:
             if state is not None:
                 p.restore(state)
             for lane, ds in per_lane(p, steps[rank]).items():

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from corpus import lm_pipeline
+from corpus import PACK_OPTIONS, lm_pipeline
 
 from zephon.testing import assert_resumes_exactly, assert_same_batches, take
 
@@ -46,3 +46,22 @@ def test_lockstep_with_workers_matches_in_process():
         ref = take(p, 10)
     with lm_pipeline(seed=22, output="lockstep", num_epochs=None, workers=2) as p:
         assert_same_batches(ref, take(p, 10))
+
+
+@pytest.mark.parametrize("option", sorted(PACK_OPTIONS))
+@pytest.mark.parametrize("output", ["interleave", "lockstep"])
+def test_pack_options_resume_across_worker_counts(option, output):
+    """pack's strategies and options: workers 0 -> 2 -> 1, each restore exact."""
+
+    def build(workers):
+        return lm_pipeline(seed=23, workers=workers, output=output, pack_kw=PACK_OPTIONS[option])
+
+    with build(0) as p:
+        ref = take(p)
+    assert len(ref) > (4 if output == "lockstep" else 10)
+    assert_resumes_exactly(
+        lambda: build(0), restore_build=lambda: build(2), cuts=[3], reference=ref
+    )
+    assert_resumes_exactly(
+        lambda: build(2), restore_build=lambda: build(1), cuts=[len(ref) // 2], reference=ref
+    )

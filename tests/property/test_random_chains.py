@@ -19,7 +19,7 @@ SEQ = 32
 
 
 def _upper(d):
-    return {"tokens": d["tokens"] * 1}
+    return {**d, "tokens": d["tokens"] * 1}
 
 
 def _keep(d):
@@ -27,7 +27,7 @@ def _keep(d):
 
 
 def _jitter(d, rng):
-    return {"tokens": d["tokens"] + rng.integers(0, 3, size=len(d["tokens"])).astype(np.int32)}
+    return {**d, "tokens": d["tokens"] + rng.integers(0, 3, size=len(d["tokens"])).astype(np.int32)}
 
 
 def _pad(d):
@@ -52,7 +52,19 @@ def chains(draw):
     middle = draw(st.lists(st.sampled_from(sorted(MIDDLE)), max_size=3))
     return {
         "middle_before": middle,
-        "pack": draw(st.booleans()),
+        "pack": draw(st.sampled_from([None, "first_fit", "best_fit", "concat_then_split"])),
+        "pack_kw": draw(
+            st.fixed_dictionaries(
+                {},
+                optional={
+                    "max_segments": st.integers(1, 4),
+                    "pad_values": st.just({"tokens": -1}),
+                    "component_feature": st.just("tokens_component"),
+                    "bos_handling": st.just("replace_first_token"),
+                    "fields": st.just(True),
+                },
+            )
+        ),
         "middle_after": draw(
             st.lists(st.sampled_from(["shuffle", "ensure_mixture", "filter"]), max_size=2)
         ),
@@ -68,12 +80,26 @@ def chains(draw):
     }
 
 
+def _with_fields(texts, weight):
+    return [{"text": t, "weight": weight + i % 2} for i, t in enumerate(texts)]
+
+
+def _mask(d):
+    return {**d, "mask": (d["tokens"] % 3).astype(np.int16)}
+
+
 def build_from(spec):
+    kw = dict(spec["pack_kw"]) if spec["pack"] else {}
+    fields = kw.pop("fields", False)
+    if kw.pop("bos_handling", None):
+        kw.update(bos_id=1, bos_handling="replace_first_token")
+    if fields:
+        kw.update(meta_features=("mask",), broadcast={"weight": "float32"})
+    long_docs, short_docs = docs(24, spec["seed"], 3, 70), docs(24, spec["seed"] + 1, 3, 20)
+    if fields:
+        long_docs, short_docs = _with_fields(long_docs, 0.5), _with_fields(short_docs, 2.0)
     src = zp.StaticMixtureWorkSource(
-        [
-            zp.ArraySource(docs(24, spec["seed"], 3, 70)),
-            zp.ArraySource(docs(24, spec["seed"] + 1, 3, 20)),
-        ],
+        [zp.ArraySource(long_docs), zp.ArraySource(short_docs)],
         weights=[0.5, 0.5],
         seed=spec["seed"],
         chunk_size=spec["chunk"],
@@ -86,11 +112,17 @@ def build_from(spec):
         output=spec["output"],
         prefetch=1,
     )
-    p = p.fetch().tokenize(zp.ByteTokenizer()).split(max_len=SEQ)
+    p = p.fetch().tokenize(zp.ByteTokenizer())
+    if fields:
+        p = p.map(_mask)
+    if spec["pack"] != "concat_then_split":  # it cuts documents itself
+        p = p.split(max_len=SEQ)
     for name in spec["middle_before"]:
         p = MIDDLE[name](p)
-    if spec["pack"]:
-        p = p.pack(seq_len=SEQ, num_bins=2)
+    if spec["pack"] == "concat_then_split":
+        p = p.pack(seq_len=SEQ, strategy="concat_then_split", **kw)
+    elif spec["pack"]:
+        p = p.pack(seq_len=SEQ, num_bins=2, strategy=spec["pack"], **kw)
     else:
         p = p.trim_or_pad(SEQ) if spec["trim_or_pad"] else p.map(_pad)
     for name in spec["middle_after"]:

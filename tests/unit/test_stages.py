@@ -43,6 +43,7 @@ def _build(
     prefetch: int = 0,
     docs: int = 500,
     fused: bool = True,
+    pack_kw: dict[str, Any] | None = None,
 ) -> Any:
     """The LM chain; with ``fused=False`` an identity map between split and pack keeps the
     three operators apart (the plan fuses only what follows each other as built)."""
@@ -61,7 +62,7 @@ def _build(
     )
     if not fused:
         pipe = pipe.map(_keep)
-    return pipe.pack(seq_len=seq_len, num_bins=4).batch(3)
+    return pipe.pack(seq_len=seq_len, num_bins=4, **(pack_kw or {})).batch(3)
 
 
 def _counts(stats: dict) -> list[tuple[str, int, int]]:
@@ -93,6 +94,36 @@ def test_fused_pipeline_resumes_exactly() -> None:
     assert_resumes_exactly(lambda: _build(5, 300, 512, 2, 9, docs=40))
 
 
+#: pack's options that the fused stage keeps (they live in placement and assembly).
+FUSED_OPTIONS = [
+    {"strategy": "best_fit"},
+    {"strategy": "best_fit", "max_segments": 2, "pad_values": {"tokens": -1}},
+    {"max_segments": 1, "component_feature": "tokens_component"},
+    {"bos_id": 1, "bos_handling": "replace_first_token", "pad_values": {"tokens_component": 9},
+     "component_feature": "tokens_component"},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("pack_kw", FUSED_OPTIONS, ids=lambda kw: ",".join(kw))
+def test_fused_stage_gives_the_operators_batches_with_pack_options(pack_kw) -> None:
+    kw = dict(seed=7, max_len=100, seq_len=256, k=2, chunk=7, pack_kw=pack_kw)
+    plain, plain_counts = _run(False, 60, **kw)
+    fused, fused_counts = _run(True, 60, **kw)
+    assert len(plain) == len(fused) > 10
+    assert all(batches_equal(a, b) for a, b in zip(plain, fused, strict=True))
+    assert fused_counts == plain_counts
+    default, _ = _run(True, 60, seed=7, max_len=100, seq_len=256, k=2, chunk=7)
+    assert not all(batches_equal(a, b) for a, b in zip(default, fused, strict=False))
+
+
+@pytest.mark.parametrize("pack_kw", FUSED_OPTIONS[1:3], ids=lambda kw: ",".join(kw))
+def test_fused_pipeline_with_pack_options_resumes_exactly(pack_kw) -> None:
+    # Restores replay by token counts (tokens made on assembly): the options must agree.
+    assert_resumes_exactly(
+        lambda: _build(5, 100, 128, 2, 9, docs=40, pack_kw=pack_kw), cuts=[0, 3, 8, 20]
+    )
+
+
 def _plan(ops: list[Any]) -> Any:
     return compile_plan(ops, flush_every_k_chunks=None, workers=0, prefetch=0, chunk_size=8)
 
@@ -116,6 +147,11 @@ def test_the_plan_fuses_only_the_built_in_chain_on_tokens() -> None:
         "split+pack",
         "pack_replay_filter",
     ]
+    # Options placement and assembly carry fuse; meta features and broadcast fields do not.
+    options = Pack(64, strategy="best_fit", max_segments=3, component_feature="c")
+    assert _step_names([Fetch(), tok, split, options])[0] == "tokenize+split+pack"
+    for unfused in (Pack(64, meta_features=("m",)), Pack(64, broadcast=("w",))):
+        assert _step_names([Fetch(), tok, split, unfused])[:3] == ["tokenize", "split", "pack"]
     # The head reads with a leading fetch on one thread; fetch on threads is a step.
     assert _plan([Fetch(), tok, split, pack]).reads
     assert _step_names([Fetch(parallelism=2), tok, split, pack])[0] == "fetch"

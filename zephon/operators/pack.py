@@ -1,11 +1,17 @@
-"""``pack``: pieces into ``num_bins`` open bins of ``seq_len``, placed first fit.
+"""``pack``: pieces into rows of ``seq_len``, placed first fit, best fit or concatenated
+and cut.
 
 Emits ``{f, f_segment_ids, f_positions}`` per packed feature (Grain's naming), padded to
-``seq_len`` with 0; segment ids start at 1 and 0 marks padding. Where a piece goes is
-decided by :func:`~zephon.operators.placement.place` over the bins' token counts alone: a
-bin is emitted when it becomes full, or when a piece fits nowhere (then the fullest bin
-goes, lowest index on ties). The bins' state depends on all history, which is why flush
-sentinels exist.
+``seq_len`` with the feature's pad value (0 unless ``pad_values`` says otherwise); segment
+ids start at 1 and 0 marks padding. Meta features (and broadcast scalar fields) are packed
+alongside, without segment ids or positions; ``component_feature`` gives each token's
+mixture component. Where a piece goes is decided by
+:func:`~zephon.operators.placement.place` over the bins' token and piece counts alone (one
+seam for every strategy): with first fit and best fit a bin is emitted when it becomes full
+(``seq_len`` tokens or ``max_segments`` pieces), or when a piece fits nowhere (then the
+fullest bin goes, lowest index on ties); concat-then-split keeps one row and cuts the
+piece that does not fit, the rest starting the next row. The bins' state depends on all
+history, which is why flush sentinels exist.
 
 A packed record is assembled when its data is first read: one that the replay filter drops
 after a restore never is, and a piece whose arrays are lazy (see
@@ -14,20 +20,25 @@ after a restore never is, and a piece whose arrays are lazy (see
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 
+from zephon.errors import ContractViolation
 from zephon.operators.base import LaneStateOperator, OpTraits, Output
-from zephon.operators.placement import place
+from zephon.operators.placement import CONCAT_THEN_SPLIT, STRATEGIES, place
 from zephon.records import Contributor, LazyRecord, Record
+
+#: ``bos_handling`` values (Grain's ``BOSHandling.REPLACE_FIRST_TOKEN_WITH_BOS``).
+REPLACE_FIRST_TOKEN = "replace_first_token"
+_SCALARS = (bool, int, float, np.bool_, np.integer, np.floating)
 
 
 class Piece(NamedTuple):
     """A piece waiting in a bin: its contributors, its per-component token counts, its
-    arrays (one per packed feature, indexable; possibly made only when read) and its
-    length."""
+    arrays (one per column of pack: its features, meta features, then broadcast fields as
+    scalars; indexable; possibly made only when read) and its length."""
 
     contributors: list[Contributor]
     mix: dict[int, int]
@@ -52,58 +63,205 @@ class Pack(LaneStateOperator):
     name = "pack"
 
     def __init__(
-        self, seq_len: int, num_bins: int = 8, features: Sequence[str] = ("tokens",)
+        self,
+        seq_len: int,
+        num_bins: int | None = None,
+        features: Sequence[str] = ("tokens",),
+        *,
+        strategy: str = "first_fit",
+        max_segments: int | None = None,
+        pad_values: Mapping[str, Any] | None = None,
+        meta_features: Sequence[str] = (),
+        broadcast: Sequence[str] | Mapping[str, Any] = (),
+        component_feature: str | None = None,
+        bos_id: int | None = None,
+        bos_handling: str | None = None,
     ) -> None:
         super().__init__()
-        if not isinstance(seq_len, int) or seq_len < 1:
+        if not _is_int(seq_len) or seq_len < 1:
             raise ValueError(f"pack(seq_len=...) must be a positive int; got {seq_len!r}")
-        if not isinstance(num_bins, int) or num_bins < 1:
-            raise ValueError(f"pack(num_bins=...) must be a positive int; got {num_bins!r}")
-        if isinstance(features, str) or not features:
+        if strategy not in STRATEGIES:
             raise ValueError(
-                f"pack(features=...) must be a non-empty list of names; got {features!r}"
+                f"pack(strategy=...) must be one of {', '.join(map(repr, STRATEGIES))}; got "
+                f"{strategy!r}"
+            )
+        cuts = strategy == CONCAT_THEN_SPLIT
+        if num_bins is None:
+            num_bins = 1 if cuts else 8
+        if not _is_int(num_bins) or num_bins < 1:
+            raise ValueError(f"pack(num_bins=...) must be a positive int; got {num_bins!r}")
+        if cuts and num_bins != 1:
+            raise ValueError(
+                f"pack(strategy='concat_then_split') fills one row at a time; got "
+                f"num_bins={num_bins}: leave num_bins out (or pass 1)"
+            )
+        if isinstance(features, str) or not features:
+            hint = (
+                f"; to choose a strategy pass strategy={features!r}"
+                if features in STRATEGIES
+                else ""
+            )
+            raise ValueError(
+                f"pack(features=...) must be a non-empty list of names; got {features!r}{hint}"
+            )
+        if max_segments is not None and (not _is_int(max_segments) or max_segments < 1):
+            raise ValueError(
+                f"pack(max_segments=...) must be None (no cap) or an int >= 1, the most "
+                f"segments a row may hold (Grain's max_sequences_per_bin); got {max_segments!r}"
             )
         self.seq_len = seq_len
         self.num_bins = num_bins
         self.features = tuple(features)
-        self.strategy = "first_fit"
+        self.strategy = strategy
+        self.max_segments = max_segments
+        self.meta_features = _names("meta_features", meta_features)
+        if isinstance(broadcast, Mapping):
+            self.broadcast: dict[str, np.dtype | None] = {}
+            for key, dtype in broadcast.items():
+                try:
+                    self.broadcast[key] = None if dtype is None else np.dtype(dtype)
+                except TypeError as e:
+                    raise ValueError(
+                        f"pack(broadcast={{{key!r}: {dtype!r}}}): not a numpy dtype; give one "
+                        "such as 'float32', or None to keep the field's own"
+                    ) from e
+            _names("broadcast", tuple(self.broadcast))
+        else:
+            self.broadcast = dict.fromkeys(_names("broadcast", broadcast))
+        if component_feature is not None and not (
+            isinstance(component_feature, str) and component_feature
+        ):
+            raise ValueError(
+                f"pack(component_feature=...) must be None or a feature name such as "
+                f"'tokens_component'; got {component_feature!r}"
+            )
+        self.component_feature = component_feature
+        if bos_handling not in (None, REPLACE_FIRST_TOKEN):
+            raise ValueError(
+                f"pack(bos_handling=...) must be None or {REPLACE_FIRST_TOKEN!r}; got "
+                f"{bos_handling!r}"
+            )
+        if bos_handling is None and bos_id is not None:
+            raise ValueError(
+                f"pack(bos_id={bos_id!r}) needs bos_handling={REPLACE_FIRST_TOKEN!r} (Grain's "
+                "REPLACE_FIRST_TOKEN_WITH_BOS); without it no BOS is written"
+            )
+        if bos_handling is not None and not _is_int(bos_id):
+            raise ValueError(
+                f"pack(bos_handling={bos_handling!r}) needs bos_id=<int token id>; got "
+                f"bos_id={bos_id!r}"
+            )
+        self.bos_id = bos_id
+        self.bos_handling = bos_handling
+        #: What a piece carries, in order: features, meta features, broadcast fields.
+        self.columns = (*self.features, *self.meta_features, *self.broadcast)
+        outputs = [n for f in self.features for n in (f, f"{f}_segment_ids", f"{f}_positions")]
+        outputs += [*self.meta_features, *self.broadcast]
+        outputs += [component_feature] if component_feature is not None else []
+        repeated = sorted({n for n in outputs if outputs.count(n) > 1})
+        if repeated:
+            raise ValueError(
+                f"pack would emit {repeated} more than once (features {list(self.features)}, "
+                f"meta_features {list(self.meta_features)}, broadcast {list(self.broadcast)}, "
+                f"component_feature {component_feature!r}); give each feature one role"
+            )
+        pads = dict(pad_values or {})
+        if pad_values is not None and not isinstance(pad_values, Mapping):
+            raise ValueError(
+                f"pack(pad_values=...) must be a dict of feature -> pad value, such as "
+                f"{{'targets': -100}}; got {pad_values!r}"
+            )
+        padded = [*self.columns, *([component_feature] if component_feature else [])]
+        for key, value in pads.items():
+            if key not in padded:
+                raise ValueError(
+                    f"pack(pad_values=...) names {key!r}, which pack does not pad; padded "
+                    f"features are {padded} (segment ids and positions pad with 0)"
+                )
+            if not isinstance(value, _SCALARS):
+                raise ValueError(
+                    f"pack(pad_values={{{key!r}: {value!r}}}): a pad value must be a number "
+                    f"(int, float or bool); got {type(value).__name__}"
+                )
+        self.pad_values = pads
+        self._pads = tuple(pads.get(c, 0) for c in self.columns)
+        self._component_pad = pads.get(component_feature, 0) if component_feature else 0
+        self._n_arrays = len(self.features) + len(self.meta_features)
+        self._checked: set[tuple[int, np.dtype]] = set()  # (column, dtype) whose pads fit
+        self._cuts = cuts
+        self._max_segments = max_segments or 0
+        #: One array column, no cuts: the common case, checked with no call per record.
+        self._simple = len(self.columns) == 1 and not cuts
+
+    @property
+    def fusable(self) -> bool:
+        """Whether :class:`~zephon.stages.split_pack.SplitPack` may stand for ``split`` and
+        this pack: one packed feature, ``"tokens"``, and pieces that are never cut."""
+        return self.features == ("tokens",) and len(self.columns) == 1 and not self._cuts
 
     def _length(self, record: Record) -> int:
         data = record.data
         lengths = []
-        for f in self.features:
+        for f in self.columns[: self._n_arrays]:
             try:
                 lengths.append(len(data[f]))
             except (KeyError, TypeError):
                 raise KeyError(
-                    f"pack: record has no feature {f!r}; pack(features={list(self.features)}) "
-                    "needs every feature in each record (tokenize first?)"
+                    f"pack: record has no feature {f!r}; pack(features={list(self.features)}"
+                    + (f", meta_features={list(self.meta_features)}" if self.meta_features else "")
+                    + ") needs every feature in each record (tokenize first?)"
                 ) from None
         n = lengths[0]
         if any(m != n for m in lengths):
+            names = self.columns[: self._n_arrays]
             raise ValueError(
-                f"pack: features {self.features} differ in length {lengths} in one record"
+                f"pack: features {names} differ in length {lengths} in one record; packed "
+                "and meta features are per-token"
             )
         self.check_length(n)
         return n
 
     def check_length(self, n: int) -> None:
         """Raises the error for a piece that cannot fit any bin."""
-        if n > self.seq_len:
+        if n > self.seq_len and not self._cuts:
             raise ValueError(
                 f"pack: a piece of {n} tokens is longer than seq_len={self.seq_len}; "
-                f"put .split(max_len={self.seq_len}) before .pack()"
+                f"put .split(max_len={self.seq_len}) before .pack() (or use "
+                "strategy='concat_then_split', which cuts documents itself)"
             )
+
+    def _scalar(self, data: Any, key: str) -> Any:
+        try:
+            value = data[key]
+        except (KeyError, TypeError):
+            raise KeyError(
+                f"pack(broadcast=...): record has no field {key!r} (fields: "
+                f"{sorted(data) if isinstance(data, dict) else type(data).__name__}); "
+                "tokenize keeps a sample's fields, so give the sample that field"
+            ) from None
+        if not isinstance(value, _SCALARS):
+            shape = getattr(value, "shape", None)
+            if shape == () and isinstance(value, np.ndarray):
+                return value[()]
+            raise ValueError(
+                f"pack(broadcast=...): field {key!r} is {type(value).__name__}"
+                + (f" of shape {shape}" if shape is not None else "")
+                + ", not a number; broadcast takes one number per document (a per-token "
+                "feature goes in meta_features)"
+            )
+        return value
 
     def piece(self, record: Record) -> Piece:
         """What a bin keeps of ``record`` (checked: every feature, one length, that fits)."""
         data = record.data
-        if len(self.features) == 1 and type(data) is dict:
+        if self._simple and type(data) is dict:
             tokens = data.get(self.features[0])
             if type(tokens) is np.ndarray and tokens.ndim == 1 and len(tokens) <= self.seq_len:
                 return Piece(record.contributors, record.mix, (tokens,), len(tokens))
         n = self._length(record)
-        return Piece(record.contributors, record.mix, tuple(data[f] for f in self.features), n)
+        arrays = [data[f] for f in self.columns[: self._n_arrays]]
+        arrays += [self._scalar(data, key) for key in self.broadcast]
+        return Piece(record.contributors, record.mix, tuple(arrays), n)
 
     def process(self, record: Record) -> Iterable[Output]:
         return self.place(record.lane, [self.piece(record)])
@@ -133,35 +291,73 @@ class Pack(LaneStateOperator):
             return []
         bins = self.bins(lane)
         lengths = np.fromiter((p.length for p in pieces), dtype=np.int64, count=len(pieces))
-        decided = place(self.strategy, bins.fill, bins.segments, lengths, self.seq_len)
+        decided = place(
+            self.strategy, bins.fill, bins.segments, lengths, self.seq_len, self._max_segments
+        )
         held, num_bins = bins.pieces, self.num_bins
-        placed: dict[int, list[int]] = {}  # instance -> the pieces this call put in it
-        for i, key in enumerate(decided.instance.tolist()):
-            got = placed.get(key)
-            if got is None:
-                placed[key] = [i]
-            else:
-                got.append(i)
+        placed: dict[int, list[Piece]] = {}  # instance -> the pieces this call put in it
+        if self._cuts:
+            for p, key, head in zip(
+                pieces, decided.instance.tolist(), decided.head.tolist(), strict=True
+            ):
+                for at, part in self._cut(p, key, head) if head != p.length else ((key, p),):
+                    got = placed.get(at)
+                    if got is None:
+                        placed[at] = [part]
+                    else:
+                        got.append(part)
+        else:
+            for p, key in zip(pieces, decided.instance.tolist(), strict=True):
+                got = placed.get(key)
+                if got is None:
+                    placed[key] = [p]
+                else:
+                    got.append(p)
         # A bin's first instance (key < num_bins) holds what the bin held when we began.
         out: list[Output] = [
-            self._record(lane, held[key] if key < num_bins else [], placed.get(key), pieces)
+            self._record(lane, held[key] if key < num_bins else [], placed.get(key))
             for key in decided.emitted.tolist()
         ]
         for b, filling in enumerate(decided.opened.tolist()):
             kept = held[b] if filling == 0 else []
             new = placed.get(filling * num_bins + b)
             if new:
-                kept = kept + [pieces[i] for i in new]
+                kept = kept + new
             held[b] = kept
         _compact(held)
         return out
 
-    def _record(
-        self, lane: int, old: list[Piece], new: list[int] | None, pieces: list[Piece]
-    ) -> Record:
+    def _cut(self, p: Piece, key: int, head: int) -> list[tuple[int, Piece]]:
+        """A piece cut across rows: its first ``head`` tokens in instance ``key``, then
+        ``seq_len`` at a time in the instances after it. Fragment ``j`` of ``m`` is child
+        ``j`` of the sample (the last flagged), as :class:`~zephon.operators.split.Split`
+        numbers its pieces; so a cut piece must be a whole sample."""
+        whole = p.contributors
+        if len(whole) != 1 or whole[0][2:] != (0, True) or len(p.mix) != 1:
+            raise ContractViolation(
+                f"pack(strategy='concat_then_split') cuts documents and needs whole samples; "
+                f"got a record of {len(whole)} contributors, first {tuple(whole[0])}: remove "
+                ".split() (and anything that merges records) before .pack()"
+            )
+        chunk_id, offset = whole[0][0], whole[0][1]
+        (component,) = p.mix
+        bounds = [0, *range(head, p.length, self.seq_len), p.length]
+        last = len(bounds) - 2
+        arrays, n_arrays = p.arrays, self._n_arrays
+        out = []
+        for j in range(last + 1):
+            lo, hi = bounds[j], bounds[j + 1]
+            part = tuple(a[lo:hi] if c < n_arrays else a for c, a in enumerate(arrays))
+            piece = Piece(
+                [Contributor(chunk_id, offset, j, j == last)], {component: hi - lo}, part, hi - lo
+            )
+            out.append((key + j, piece))
+        return out
+
+    def _record(self, lane: int, old: list[Piece], new: list[Piece] | None) -> Record:
         """The record of an emptied bin: the pieces it held before this call and ``new``,
         those this call put there; assembled when its data is first read."""
-        held = old + [pieces[i] for i in new] if new else old
+        held = old + new if new else old
         contributors = [c for p in held for c in p.contributors]
         mix: dict[int, int] = {}
         for p in held:
@@ -172,6 +368,15 @@ class Pack(LaneStateOperator):
             return self._assemble(held)
 
         return LazyRecord(build, lane, contributors, mix)
+
+    def _buffer(self, column: int, name: str, dtype: np.dtype, pad: Any) -> np.ndarray:
+        """A row of ``dtype`` filled with ``pad`` (checked to fit ``dtype`` exactly)."""
+        if pad == 0 and type(pad) is not float:
+            return np.zeros(self.seq_len, dtype=dtype)
+        if (column, dtype) not in self._checked:
+            _check_fits(f"pack(pad_values={{{name!r}: {pad!r}}})", name, pad, dtype)
+            self._checked.add((column, dtype))
+        return np.full(self.seq_len, pad, dtype=dtype)
 
     def _assemble(self, pieces: list[Piece]) -> dict[str, np.ndarray]:
         data = {}
@@ -184,14 +389,34 @@ class Pack(LaneStateOperator):
         )  # empty pieces take no id
         pos = np.zeros(self.seq_len, dtype=np.int32)
         pos[:total] = np.arange(total, dtype=np.int32) - np.repeat(starts, lengths).astype(np.int32)
-        for j, f in enumerate(self.features):
-            parts = [p.arrays[j] for p in pieces]
-            buf = np.zeros(self.seq_len, dtype=np.result_type(*parts))
-            if parts:
-                np.concatenate(parts, out=buf[:total])
-            data[f] = buf
-            data[f + "_segment_ids"] = seg if j == 0 else seg.copy()
-            data[f + "_positions"] = pos if j == 0 else pos.copy()
+        n_features, n_arrays = len(self.features), self._n_arrays
+        bos = self.bos_id
+        firsts = starts[lengths > 0] if bos is not None else None
+        for j, name in enumerate(self.columns):
+            pad = self._pads[j]
+            if j < n_arrays:
+                parts = [p.arrays[j] for p in pieces]
+                buf = self._buffer(j, name, np.result_type(*parts), pad)
+                if parts:
+                    np.concatenate(parts, out=buf[:total])
+            else:  # a broadcast field: one number per piece
+                values = np.asarray([p.arrays[j] for p in pieces], dtype=self.broadcast[name])
+                buf = self._buffer(j, name, values.dtype, pad)
+                buf[:total] = np.repeat(values, lengths)
+            data[name] = buf
+            if j < n_features:
+                if firsts is not None:
+                    if (-1, buf.dtype) not in self._checked:
+                        _check_fits(f"pack(bos_id={bos!r})", name, bos, buf.dtype)
+                        self._checked.add((-1, buf.dtype))
+                    buf[firsts] = bos
+                data[name + "_segment_ids"] = seg if j == 0 else seg.copy()
+                data[name + "_positions"] = pos if j == 0 else pos.copy()
+        if self.component_feature is not None:
+            comps = np.fromiter((_component(p) for p in pieces), np.int32, len(pieces))
+            buf = np.full(self.seq_len, self._component_pad, dtype=np.int32)
+            buf[:total] = np.repeat(comps, lengths)
+            data[self.component_feature] = buf
         return data
 
     def flush(self, reset: bool, lane_id: int) -> Iterable[Output]:
@@ -199,7 +424,7 @@ class Pack(LaneStateOperator):
         if bins is None:
             return ()
         held = bins.pieces
-        out = [self._record(lane_id, held[b], None, []) for b in range(self.num_bins) if held[b]]
+        out = [self._record(lane_id, held[b], None) for b in range(self.num_bins) if held[b]]
         for b in range(self.num_bins):
             held[b] = []
         bins.fill[:] = 0
@@ -213,7 +438,64 @@ class Pack(LaneStateOperator):
         return 0 if bins is None else sum(len(p) for p in bins.pieces)
 
     def __repr__(self) -> str:
-        return f"Pack(seq_len={self.seq_len}, num_bins={self.num_bins}, features={list(self.features)})"
+        # Only what differs from the defaults: pipelines built before these options existed
+        # keep their fingerprint.
+        extra = ""
+        if self.strategy != "first_fit":
+            extra += f", strategy={self.strategy!r}"
+        if self.max_segments is not None:
+            extra += f", max_segments={self.max_segments}"
+        if self.pad_values:
+            extra += f", pad_values={self.pad_values!r}"
+        if self.meta_features:
+            extra += f", meta_features={list(self.meta_features)}"
+        if self.broadcast:
+            shown = {k: (None if v is None else str(v)) for k, v in self.broadcast.items()}
+            extra += f", broadcast={shown!r}"
+        if self.component_feature is not None:
+            extra += f", component_feature={self.component_feature!r}"
+        if self.bos_handling is not None:
+            extra += f", bos_id={self.bos_id!r}, bos_handling={self.bos_handling!r}"
+        return (
+            f"Pack(seq_len={self.seq_len}, num_bins={self.num_bins}, "
+            f"features={list(self.features)}{extra})"
+        )
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _names(what: str, names: Any) -> tuple[str, ...]:
+    if isinstance(names, str) or not all(isinstance(n, str) and n for n in names):
+        raise ValueError(f"pack({what}=...) must be a list of feature names; got {names!r}")
+    return tuple(names)
+
+
+def _check_fits(what: str, name: str, value: Any, dtype: np.dtype) -> None:
+    """Raises unless ``value`` is exactly representable in ``dtype``."""
+    try:
+        fits = np.can_cast(np.min_scalar_type(value), dtype) or (
+            np.asarray(value).astype(dtype) == value
+            and not (isinstance(value, float) and dtype.kind in "biu")
+        )
+    except (TypeError, ValueError, OverflowError):
+        fits = False
+    if not fits:
+        raise ValueError(
+            f"{what} does not fit feature {name!r} of dtype {dtype}: give a value that "
+            f"{dtype} holds exactly, or cast the feature first (e.g. in .map())"
+        )
+
+
+def _component(p: Piece) -> int:
+    """The mixture component of a piece (a piece of one sample has one)."""
+    if len(p.mix) != 1:
+        raise ValueError(
+            f"pack(component_feature=...): a piece carries {len(p.mix)} components "
+            f"{sorted(p.mix)}; per-token components need pieces of one sample each"
+        )
+    return next(iter(p.mix))
 
 
 def _compact(held: list[list[Piece]]) -> None:
@@ -226,5 +508,10 @@ def _compact(held: list[list[Piece]]) -> None:
             arrays = p.arrays
             if type(arrays) is not tuple:
                 continue
-            if any(a.base is not None and a.base.nbytes > 2 * a.nbytes for a in arrays):
-                pieces[k] = p._replace(arrays=tuple(a.copy() for a in arrays))
+            if any(
+                type(a) is np.ndarray and a.base is not None and a.base.nbytes > 2 * a.nbytes
+                for a in arrays
+            ):
+                pieces[k] = p._replace(
+                    arrays=tuple(a.copy() if type(a) is np.ndarray else a for a in arrays)
+                )

@@ -1,4 +1,9 @@
-"""``tokenize``: text to ``{"tokens": int32 array}``."""
+"""``tokenize``: text to ``{"tokens": int32 array}``, keeping a dict sample's other fields.
+
+A sample that is a dict keeps every field but the text one (``field``, default ``"text"``),
+which ``tokens`` replaces: a document's ``loss_weight`` or ``source`` reaches ``split``
+(which cuts per-token features along and copies the rest to each piece) and ``pack``
+(``meta_features``, ``broadcast``)."""
 
 from __future__ import annotations
 
@@ -58,9 +63,16 @@ class Tokenize(Operator):
     def _emit(self, record: Record, ids: Any) -> Record:
         tokens = ids if type(ids) is np.ndarray and ids.dtype is _INT32 else np.asarray(ids, _INT32)
         (component,) = record.mix  # a sample: one component
-        return Record(
-            {"tokens": tokens}, record.lane, record.contributors, {component: len(tokens)}
-        )
+        data = record.data
+        if isinstance(data, dict) and len(data) > 1:
+            text = self.field or "text"
+            out = {"tokens": tokens}
+            for k, v in data.items():
+                if k != text and k != "tokens":
+                    out[k] = v
+        else:
+            out = {"tokens": tokens}
+        return Record(out, record.lane, record.contributors, {component: len(tokens)})
 
     def process(self, record: Record) -> Iterable[Output]:
         return (self._emit(record, self.tokenizer.encode(self._text(record.data))),)

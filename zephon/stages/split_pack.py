@@ -39,7 +39,11 @@ FIRST_BATCH = 8
 
 def fusable(ops: list[Any], i: int, threaded: bool) -> int:
     """How many operators from ``ops[i]`` on a :class:`SplitPack` stands for: 3 for a
-    built-in ``tokenize, split, pack``, 2 for ``split, pack``, both on ``"tokens"``; else 0.
+    built-in ``tokenize, split, pack``, 2 for ``split, pack``, both on ``"tokens"`` alone
+    (no meta features or broadcast fields) with a strategy that never cuts a piece
+    (:attr:`~zephon.operators.pack.Pack.fusable`); else 0. Every other option of pack
+    (strategy, ``max_segments``, pad values, BOS, component feature) lives in its placement
+    and assembly, which the stage calls as they are.
 
     Not a tokenize that asked for threads when there is a pool: it tokenizes a chunk in
     parallel slices, which the fused stage would give up.
@@ -52,12 +56,7 @@ def fusable(ops: list[Any], i: int, threaded: bool) -> int:
     if j + 2 > len(ops):
         return 0
     split, pack = ops[j], ops[j + 1]
-    if (
-        type(split) is Split
-        and type(pack) is Pack
-        and split.feature == "tokens"
-        and pack.features == ("tokens",)
-    ):
+    if type(split) is Split and type(pack) is Pack and split.feature == "tokens" and pack.fusable:
         return j + 2 - i
     return 0
 

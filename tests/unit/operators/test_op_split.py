@@ -60,6 +60,20 @@ def test_split_other_feature() -> None:
     assert all(p.data["tokens"].tolist() == [0, 1] for p in out)  # not aligned: copied
 
 
+def test_split_cuts_every_per_token_feature_together_and_copies_scalars() -> None:
+    data = {
+        "tokens": np.arange(5, dtype=np.int32),
+        "targets": np.arange(5, dtype=np.int64) + 100,
+        "mask": np.array([1, 1, 0, 1, 0], np.int8),
+        "loss_weight": 0.5,
+    }
+    out = list(Split(2).process(Record(data, 0, [Contributor(0, 0, 0, True)], {0: 5})))
+    assert [p.data["targets"].tolist() for p in out] == [[100, 101], [102, 103], [104]]
+    assert [p.data["mask"].tolist() for p in out] == [[1, 1], [0, 1], [0]]
+    assert [p.data["loss_weight"] for p in out] == [0.5] * 3
+    assert [p.data["targets"].dtype for p in out] == [np.dtype(np.int64)] * 3
+
+
 def test_split_validation() -> None:
     for bad in (0, -3, 2.5, "4", None):
         with pytest.raises(

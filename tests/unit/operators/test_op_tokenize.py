@@ -74,6 +74,20 @@ def test_tokenize_dict_with_field_and_default_text_field() -> None:
     assert out.data["tokens"].tolist() == [122 + 3, 1]
 
 
+def test_tokenize_keeps_the_other_fields_and_replaces_the_text_one() -> None:
+    sample = {"id": 3, "body": "ab", "loss_weight": 0.5, "mask": np.array([1, 0])}
+    (out,) = Tokenize(zp.ByteTokenizer(), field="body").process(_record(sample))
+    assert list(out.data) == ["tokens", "id", "loss_weight", "mask"]
+    assert out.data["tokens"].tolist() == [100, 101, 1]
+    assert out.data["id"] == 3 and out.data["loss_weight"] == 0.5
+    assert out.data["mask"] is sample["mask"]
+    # A stale "tokens" field is replaced, never kept beside the new one.
+    (out,) = Tokenize(zp.ByteTokenizer()).process_batch(
+        [_record({"text": "z", "tokens": np.zeros(9)})]
+    )
+    assert set(out.data) == {"tokens"} and out.data["tokens"].tolist() == [125, 1]
+
+
 def test_tokenize_missing_field_names_the_fix() -> None:
     op = Tokenize(zp.ByteTokenizer(), field="body")
     with pytest.raises(

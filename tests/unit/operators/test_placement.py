@@ -16,16 +16,18 @@ def _python(strategy: str, fill, segments, lengths, cap: int, max_segments: int 
     fill, segments = np.array(fill, np.int64), np.array(segments, np.int64)
     n = len(lengths)
     target, evict, full = (np.empty(n, np.int32), np.empty(n, np.int32), np.empty(n, np.uint8))
-    instance, emitted, opened = (
-        np.empty(n, np.int64), np.empty(2 * n, np.int64), np.empty(len(fill), np.int64),
+    cut_rows = sum(x // cap for x in lengths) if strategy == "concat_then_split" else 0
+    instance, head, emitted, opened = (
+        np.empty(n, np.int64), np.empty(n, np.int64), np.empty(2 * n + cut_rows, np.int64),
+        np.empty(len(fill), np.int64),
     )  # fmt: skip
     count = placement._place(
         STRATEGIES.index(strategy), fill, segments, np.array(lengths, np.int64), cap,
-        max_segments, target, evict, full, instance, emitted, opened,
+        max_segments, target, evict, full, instance, head, emitted, opened,
     )  # fmt: skip
     return (
         target.tolist(), evict.tolist(), full.astype(bool).tolist(), fill.tolist(),
-        instance.tolist(), emitted[:count].tolist(), opened.tolist(),
+        instance.tolist(), emitted[:count].tolist(), opened.tolist(), head.tolist(),
     )  # fmt: skip
 
 
@@ -34,7 +36,7 @@ def _placed(strategy: str, fill, segments, lengths, cap: int, max_segments: int 
     got = place(strategy, fill, segments, np.array(lengths, np.int64), cap, max_segments)
     return (
         got.target.tolist(), got.evict.tolist(), got.full.tolist(), fill.tolist(),
-        got.instance.tolist(), got.emitted.tolist(), got.opened.tolist(),
+        got.instance.tolist(), got.emitted.tolist(), got.opened.tolist(), got.head.tolist(),
     )  # fmt: skip
 
 
@@ -43,9 +45,10 @@ def test_first_fit_takes_the_lowest_bin_with_room_and_empties_the_fullest_when_n
     # Bins of 10 holding 6 and 3: a 4 fits bin 0 (fills it: emptied), a 5 then fits the
     # empty bin 0 first, a 9 fits nowhere (5 and 3): bin 0, the fullest, is emptied and
     # the 9 starts it.
-    target, evict, full, fill, instance, emitted, opened = how(
+    target, evict, full, fill, instance, emitted, opened, head = how(
         "first_fit", [6, 3], [1, 1], [4, 5, 9], 10
     )
+    assert head == [4, 5, 9]
     assert target == [0, 0, 0] and evict == [-1, -1, 0] and full == [True, False, False]
     assert fill == [9, 3]
     # Instances: s * bins + b. The 4 joins what bin 0 held (0), which empties; the 5 starts
@@ -63,11 +66,54 @@ def test_best_fit_takes_the_bin_with_the_least_room_that_fits(how) -> None:
 
 @pytest.mark.parametrize("how", [_python, _placed], ids=["python", "selected"])
 def test_max_segments_empties_a_bin_at_that_many_pieces(how) -> None:
-    target, _, full, fill, instance, emitted, opened = how(
+    target, _, full, fill, instance, emitted, opened, _ = how(
         "first_fit", [0, 0], [0, 0], [1, 1, 1, 1], 10, max_segments=2
     )
     assert target == [0, 0, 0, 0] and full == [False, True, False, True] and fill == [0, 0]
     assert instance == [0, 0, 2, 2] and emitted == [0, 2] and opened == [2, 0]
+
+
+@pytest.mark.parametrize("how", [_python, _placed], ids=["python", "selected"])
+def test_concat_then_split_cuts_what_does_not_fit_and_starts_the_next_row_with_the_rest(
+    how,
+) -> None:
+    # One bin of 10 holding 4: a 3 fits (7); a 25 is cut: 3 fill the row (emitted), 10 fill
+    # a row of their own (emitted), 10 another, and the last 2 start the next row; a 8 fills
+    # it exactly (emitted); a 0 opens nothing.
+    target, evict, full, fill, instance, emitted, opened, head = how(
+        "concat_then_split", [4], [1], [3, 25, 8, 0], 10
+    )
+    assert target == [0, 0, 0, 0] and evict == [-1, -1, -1, -1]
+    assert head == [3, 3, 8, 0] and instance == [0, 0, 3, 4]
+    assert emitted == [0, 1, 2, 3] and opened == [4] and fill == [0]
+    assert full == [False, False, True, False]
+    # A cut that ends exactly at a row's end leaves the bin empty.
+    _, _, full, fill, instance, emitted, opened, head = how(
+        "concat_then_split", [0], [0], [20, 1], 10
+    )
+    assert head == [10, 1] and instance == [0, 2] and emitted == [0, 1] and full == [True, False]
+    assert fill == [1] and opened == [2]
+
+
+@pytest.mark.parametrize("how", [_python, _placed], ids=["python", "selected"])
+def test_concat_then_split_with_max_segments_ends_a_row_at_that_many_pieces(how) -> None:
+    # Rows of 10, at most 2 segments: 3 + 3 ends the row (padded); a 12 is cut 10 + 2 and
+    # with max_segments=1 the 2 is a row by itself.
+    _, _, full, fill, instance, emitted, _, head = how(
+        "concat_then_split", [0], [0], [3, 3, 12], 10, max_segments=2
+    )
+    assert full == [False, True, False] and head == [3, 3, 10] and instance == [0, 0, 1]
+    assert emitted == [0, 1] and fill == [2]
+    _, _, full, fill, _, emitted, _, _ = how(
+        "concat_then_split", [0], [0], [12], 10, max_segments=1
+    )
+    assert full == [True] and emitted == [0, 1] and fill == [0]
+
+
+@pytest.mark.parametrize("how", [_python, _placed], ids=["python", "selected"])
+def test_concat_then_split_needs_one_bin(how) -> None:
+    with pytest.raises(ValueError, match="concat then split fills one bin; got 2"):
+        how("concat_then_split", [0, 0], [0, 0], [3], 10)
 
 
 @settings(max_examples=200, deadline=None)
@@ -80,7 +126,10 @@ def test_max_segments_empties_a_bin_at_that_many_pieces(how) -> None:
 def test_the_c_and_python_versions_agree(strategy: str, cap: int, bins: int, data) -> None:
     if placement._NATIVE is None:
         pytest.skip("zephon._pack is not built (or ZEPHON_PURE_PYTHON=1)")
-    lengths = data.draw(st.lists(st.integers(0, cap), max_size=60))
+    cts = strategy == "concat_then_split"
+    if cts:
+        bins = 1
+    lengths = data.draw(st.lists(st.integers(0, 3 * cap if cts else cap), max_size=60))
     fill = data.draw(st.lists(st.integers(0, cap - 1), min_size=bins, max_size=bins))
     segments = [1 if f else 0 for f in fill]
     max_segments = data.draw(st.integers(0, 4))
@@ -103,19 +152,24 @@ def test_the_c_version_checks_its_buffers() -> None:
     lengths = np.ones(3, np.int64)
     inst, emit = np.zeros(3, np.int64), np.zeros(6, np.int64)
 
-    def call(strategy=0, fill=z8, target=z4, emitted=emit, opened=z8):
+    def call(strategy=0, fill=z8, target=z4, emitted=emit, opened=z8, head=inst, lens=lengths):
         native.place_into(
-            strategy, fill, fill.copy(), lengths, 4, 0, target, z4.copy(), z1, inst, emitted,
-            opened.copy(),
+            strategy, fill, fill.copy(), lens, 4, 0, target, z4.copy(), z1, inst,
+            head.copy(), emitted, opened.copy(),
         )  # fmt: skip
 
     with pytest.raises(ValueError, match="strategy must be 0"):
         call(strategy=7)
     with pytest.raises(ValueError, match="one item per piece"):
         call(target=z4[:2])
+    with pytest.raises(ValueError, match="one item per piece"):
+        call(head=inst[:2])
+    one = np.zeros(1, np.int64)
+    with pytest.raises(ValueError, match=r"plus sum\(lengths\) / cap"):  # 9 // 4 cut rows
+        call(strategy=2, fill=one, opened=one, lens=np.array([9, 1, 1], np.int64))
     with pytest.raises(ValueError, match="must be a buffer of 8-byte items"):
         call(fill=z4)
-    with pytest.raises(ValueError, match="2 items per piece and opened one per bin"):
+    with pytest.raises(ValueError, match=r"2 items per piece \(plus .*\) and opened one per bin"):
         call(emitted=emit[:5])
-    with pytest.raises(ValueError, match="2 items per piece and opened one per bin"):
+    with pytest.raises(ValueError, match=r"2 items per piece \(plus .*\) and opened one per bin"):
         call(opened=np.zeros(3, np.int64))
