@@ -76,7 +76,9 @@ def grain_batches(path: Path) -> Iterator[dict[str, np.ndarray]]:
     yield from ds.batch(BATCH, drop_remainder=True)
 
 
-def _timed(make: Callable[[Path], Iterator[Any]], path: Path, docs: int) -> Callable[[], dict[str, float]]:
+def _timed(
+    make: Callable[[Path], Iterator[Any]], path: Path, docs: int
+) -> Callable[[], dict[str, float]]:
     def once() -> dict[str, float]:
         it = make(path)
         next(it)  # start-up (index scan, first bins) out of the window

@@ -187,7 +187,10 @@ class ProcessExecutor:
             # PR_SET_PDEATHSIG fires when the thread that forked a worker ends, not the
             # process: fork from a thread that lives until close(), never the caller's.
             self._keeper = threading.Thread(
-                target=self._keep_workers, args=(launches, shipment), name="zephon-workers", daemon=True
+                target=self._keep_workers,
+                args=(launches, shipment),
+                name="zephon-workers",
+                daemon=True,
             )
             self._keeper.start()
             while not self._spawned.wait(_POLL_S):
@@ -217,7 +220,9 @@ class ProcessExecutor:
             )
             raise (ShmError(why) if e.errno is None else ShmError(e.errno, why)) from e
 
-    def _keep_workers(self, launches: list[tuple[_Handle, Any, Any, bytes]], shipment: Shipment) -> None:
+    def _keep_workers(
+        self, launches: list[tuple[_Handle, Any, Any, bytes]], shipment: Shipment
+    ) -> None:
         """The keeper thread: starts the workers, places the shared datasets while they
         boot, hands each its configuration, then lives until close() is done.
 
