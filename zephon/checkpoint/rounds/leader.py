@@ -1,0 +1,501 @@
+"""The leader's side of a round (global rank 0); see :mod:`zephon.checkpoint.rounds`."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import uuid
+from typing import Any
+
+from zephon.checkpoint.rounds.context import RoundContext, RoundStats, read_decision
+from zephon.checkpoint.rounds.keys import (
+    COMMIT,
+    LEADER_RANK,
+    STATE,
+    Announcement,
+    Keys,
+    decode,
+    digest,
+    encode,
+)
+from zephon.checkpoint.rounds.wait import ControlView, Deadline, PrefixFeed
+from zephon.checkpoint.stores.base import KeyHeldError, StaleRoundError
+from zephon.errors import AggregationError, CheckpointError
+
+__all__ = ["Leader"]
+
+
+class _Decided(AggregationError):
+    """The round's decision key already holds an abort (a follower's notice): the leader
+    fails with it and publishes nothing more."""
+
+
+class Leader:
+    """Runs rank 0's rounds and keeps what must outlive one: the liveness lease, the
+    decisions not yet safe to delete, the rounds whose states or acks are left over."""
+
+    def __init__(self, ctx: RoundContext) -> None:
+        self.ctx = ctx
+        self.session = uuid.uuid4().hex[:12]
+        self.counter = 0
+        self.kept: list[str] = []  # decision keys (commits, notices) not yet safe to delete
+        self.lease: Any = None  # the liveness key, held until close()
+        self.failed: str | None = None  # the decision key of the last round, if it failed
+        self.leftovers: set[str] = set()  # round ids whose states/acks may still be stored
+        self.replaced: set[tuple[str, int]] = set()  # earlier runs' rounds this one replaced
+        self.last: RoundStats | None = None
+
+    # ------------------------------------------------------------------------- round
+
+    def round(self, state: dict[str, Any]) -> dict[str, Any]:
+        ctx, n = self.ctx, self.ctx.world_size
+        deadline = Deadline(ctx.timeout_s)
+        before = ctx.counters()
+        self.counter += 1
+        rid = f"{self.session}-{self.counter}"
+        ann = Announcement(rid, self.session, self.counter, n, ctx.job_id, ctx.fingerprint)
+        self.failed = None
+        ok = False
+        try:
+            try:
+                merged = self._run(rid, ann, state, deadline)
+                ok = True
+            except BaseException as e:
+                self._fail(rid, e)
+                if isinstance(e, AggregationError | KeyboardInterrupt | SystemExit):
+                    raise
+                if isinstance(e, CheckpointError):
+                    raise AggregationError(f"{ctx.p} round {rid}: {e}") from e
+                if isinstance(e, Exception):
+                    raise AggregationError(
+                        f"{ctx.p} round {rid} failed in {ctx.where}: {type(e).__name__}: {e}"
+                    ) from e
+                raise
+            self._after_commit(rid, deadline)
+            return merged
+        finally:
+            self.last = _stats(ctx, rid, "leader", ok, deadline, before)
+
+    def _run(
+        self, rid: str, ann: Announcement, state: dict[str, Any], deadline: Deadline
+    ) -> dict[str, Any]:
+        ctx, keys, n = self.ctx, self.ctx.keys, self.ctx.world_size
+        own = encode(
+            STATE,
+            round_id=rid,
+            job_id=ctx.job_id,
+            fingerprint=ctx.fingerprint,
+            rank=LEADER_RANK,
+            world_size=n,
+            state=state,
+        )
+        self._hold_liveness()
+        watch = ctx.watch(keys.prefix)
+        self._clear_leftover_announcement()
+        fence = ctx.store.announce(keys.gen, rid.encode())
+        ctx.store.put(keys.round, ann.encode())
+        self.leftovers.add(rid)
+        ctx.log.debug("%s round %s announced (%d ranks, %s)", ctx.p, rid, n, ctx.who())
+        states, digests = self._collect(rid, state, own, deadline, watch)
+        t_collect = deadline.elapsed_ms()
+        ctx.store.delete(keys.round)  # close the round: the announcement goes
+        try:
+            merged = ctx.merge(states)
+        except Exception as e:
+            raise AggregationError(
+                f"{ctx.p} merging the states of round {rid} failed: {type(e).__name__}: {e}"
+            ) from e
+        header, lanes_total = self._header(rid, merged, states)
+        commit = encode(
+            COMMIT,
+            round_id=rid,
+            job_id=ctx.job_id,
+            fingerprint=ctx.fingerprint,
+            world_size=n,
+            digests=b"".join(digests),
+            header=header,
+            lanes_total=lanes_total,
+        )
+        if getattr(self.lease, "lost", False):
+            # Followers may have declared this leader dead and given up.
+            raise AggregationError(
+                f"{ctx.p} this leader's liveness key 'leader' ({keys.leader}) in {ctx.where}"
+                f" lapsed during round {rid} (was the process paused longer than"
+                f" lease_ttl_s={ctx.lease_ttl_s:g}?); not committing"
+            )
+        try:
+            existing = ctx.store.create(keys.decision(rid), commit, fence=fence)
+        except StaleRoundError as e:
+            raise AggregationError(
+                f"{ctx.p} round {rid} cannot publish its merged result: a newer round was"
+                f" announced in {ctx.where} meanwhile, so this leader is stale ({e})"
+            ) from e
+        if existing is not None and existing != commit:
+            d = read_decision(existing)
+            raise _Decided(
+                f"{ctx.p} round {rid} was ended before this leader could commit it:"
+                f" {_by(d.record)}{d.why}"
+            )
+        self.kept.append(keys.decision(rid))
+        ctx.log.debug(
+            "%s round %s committed at %.1f ms (states collected at %.1f ms)",
+            ctx.p,
+            rid,
+            deadline.elapsed_ms(),
+            t_collect,
+        )
+        return merged
+
+    def _after_commit(self, rid: str, deadline: Deadline) -> None:
+        """Wait for the acks; then clean up. Nothing here fails the round: store errors
+        only leave keys behind for close() or the next round."""
+        ctx, keys, n = self.ctx, self.ctx.keys, self.ctx.world_size
+        try:
+            missing = self._wait_acks(rid, deadline)
+        except Exception as e:  # noqa: BLE001
+            ctx.log.warning("%s round %s: waiting for acks failed: %s", ctx.p, rid, e)
+            missing = [r for r in range(n) if r != LEADER_RANK]
+        if missing:
+            ctx.log.warning(
+                "%s round %s: ranks %s did not acknowledge the merged result within the"
+                " round's %g s budget; its commit stays in %s for them",
+                ctx.p,
+                rid,
+                missing,
+                ctx.timeout_s,
+                ctx.where,
+            )
+            return
+        followers = [r for r in range(n) if r != LEADER_RANK]
+        ctx.delete_prefix_quietly(keys.states(rid), [keys.state(rid, r) for r in followers])
+        ctx.delete_prefix_quietly(keys.acks(rid), [keys.ack(rid, r) for r in followers])
+        self.leftovers.discard(rid)
+        if self.replaced:
+            self._sweep_replaced()
+            self.replaced.clear()
+        # Every rank has read this round's commit, so none still needs an earlier one.
+        for key in self.kept[:-1]:
+            ctx.delete_quietly(key)
+        self.kept = self.kept[-1:]
+        compact = getattr(ctx.store, "compact", None)
+        if callable(compact):
+            try:
+                compact()
+            except Exception as e:  # noqa: BLE001
+                ctx.log.warning("%s could not compact %s: %s", ctx.p, ctx.where, e)
+        ctx.log.debug("%s round %s done in %.1f ms", ctx.p, rid, deadline.elapsed_ms())
+
+    # ------------------------------------------------------------------------- steps
+
+    def _hold_liveness(self) -> None:
+        """Hold the leader's liveness key from the first round until close().
+
+        Held across rounds, not per round: a follower that reaches a round the leader has
+        already failed still sees the leader alive, so it trusts the failure notice it finds
+        (where the announcement of a dead job's leader, whose key has expired, is ignored).
+        Taken exclusively: a live key of another session means another leader of the same
+        job id and pipeline is running on this location.
+        """
+        ctx = self.ctx
+        if self.lease is not None and not getattr(self.lease, "lost", False):
+            return
+        if self.lease is not None:
+            ctx.log.warning("%s liveness lease was lost; taking a new one", ctx.p)
+            with contextlib.suppress(Exception):
+                self.lease.stop()
+            self.lease = None
+        value = f"{self.session} rank={ctx.rank} pid={os.getpid()} host={socket.gethostname()}"
+        try:
+            self.lease = ctx.store.keep_alive(
+                ctx.keys.leader, value.encode(), ctx.lease_ttl_s, exclusive=True
+            )
+        except KeyHeldError as e:
+            raise AggregationError(
+                f"{ctx.p} another leader holds the rounds of {ctx.who()} in {ctx.where}:"
+                f" its liveness key says {e.value.decode(errors='replace')!r}. Two jobs with"
+                " the same job id and pipeline share this location: give each job its own"
+                " ZEPHON_JOB_ID (or namespace). If that leader is gone, its key expires"
+                f" within its lease TTL (this job's is {ctx.lease_ttl_s:g} s)"
+            ) from e
+
+    def _clear_leftover_announcement(self) -> None:
+        """An announcement of another session is an earlier run's failed round (a job
+        restarted under the same id): its notice, states and acks can go with it."""
+        ctx, keys = self.ctx, self.ctx.keys
+        blob = ctx.store.get(keys.round)
+        old = Announcement.decode(blob) if blob is not None else None
+        if old is not None and old.session != self.session:
+            ctx.log.debug("%s replacing round %s left by an earlier run", ctx.p, old.round_id)
+            ctx.delete_quietly(keys.decision(old.round_id))
+            # Its states and acks go now and again after this round: followers that had
+            # joined it may still write there until they see the new announcement.
+            self.replaced.add((old.round_id, old.world_size))
+            self._sweep_replaced()
+
+    def _sweep_replaced(self) -> None:
+        ctx, keys = self.ctx, self.ctx.keys
+        for rid, world_size in sorted(self.replaced):
+            followers = [r for r in range(world_size) if r != LEADER_RANK]
+            ctx.delete_prefix_quietly(keys.states(rid), [keys.state(rid, r) for r in followers])
+            ctx.delete_prefix_quietly(keys.acks(rid), [keys.ack(rid, r) for r in followers])
+
+    def _collect(
+        self,
+        rid: str,
+        own: dict[str, Any],
+        own_blob: bytes,
+        deadline: Deadline,
+        watch: Any,
+    ) -> tuple[list[dict[str, Any]], list[bytes]]:
+        ctx, keys, n = self.ctx, self.ctx.keys, self.ctx.world_size
+        ref = own.get("topology") if isinstance(own, dict) else None
+        if not isinstance(ref, dict):
+            raise AggregationError(
+                f"{ctx.p} the leader's own state has no 'topology' dict; got {type(ref).__name__}"
+            )
+        self._check_state(rid, LEADER_RANK, own, ref)
+        states: list[Any] = [None] * n
+        digests = [b"\x00" * 16] * n
+        states[LEADER_RANK] = own
+        digests[LEADER_RANK] = digest(own_blob)
+        missing = {r for r in range(n) if r != LEADER_RANK}
+        feed = PrefixFeed(ctx.store, watch, keys.states(rid), [keys.state(rid, r) for r in missing])
+        view = ControlView(ctx.store, watch, deadline, n)
+        while True:
+            changes = watch.drain() if view.pushed else None
+            for key, blob in feed.poll(changes).items():
+                r = Keys.rank_of(key)
+                if r is None or r not in missing:
+                    continue
+                rec = decode(blob, STATE)
+                if rec is None:
+                    raise AggregationError(
+                        f"{ctx.p} rank {r}'s state record in round {rid} ({key} in"
+                        f" {ctx.where}) is unreadable; is another program writing there?"
+                    )
+                self._check_identity(rid, r, rec)
+                if "error" in rec:
+                    raise AggregationError(
+                        f"{ctx.p} rank {r} could not take part in round {rid}: {rec['error']}"
+                    )
+                self._check_state(rid, r, rec.get("state"), ref)
+                states[r] = rec["state"]
+                digests[r] = digest(blob)
+                missing.discard(r)
+            if not missing:
+                return states, digests
+            self._check_not_ended(rid, view)
+            if not view.sleep():
+                raise AggregationError(self._missing_message(rid, sorted(missing)))
+
+    def _check_not_ended(self, rid: str, view: ControlView) -> None:
+        """A follower's failure notice (the decision key) or the generation key gone (a
+        rank that could not write even a notice) ends the collection at once."""
+        ctx, keys = self.ctx, self.ctx.keys
+        decision, gen = view.get_many([keys.decision(rid), keys.gen])
+        if decision is not None:
+            d = read_decision(decision)
+            rank = d.record.get("rank")
+            who = f"rank {rank}" if isinstance(rank, int) else "a rank"
+            raise _Decided(f"{ctx.p} {who} could not take part in round {rid}: {d.why}")
+        if gen != rid.encode():
+            if gen is None:
+                refused = ctx.probe()
+                if refused is not None:
+                    raise AggregationError(ctx.refused_message(rid, refused))
+                raise AggregationError(
+                    f"{ctx.p} round {rid} was ended: its generation key {keys.gen!r} was"
+                    f" removed from {ctx.where} (a rank that could not write to the store"
+                    " ends a round that way)"
+                )
+            raise AggregationError(
+                f"{ctx.p} round {rid} cannot publish its merged result: a newer round was"
+                f" announced in {ctx.where} meanwhile, so this leader is stale"
+                f" (generation is now {gen.decode(errors='replace')!r})"
+            )
+
+    def _check_identity(self, rid: str, r: int, rec: dict[str, Any]) -> None:
+        ctx, n = self.ctx, self.ctx.world_size
+        theirs = (rec.get("job_id"), rec.get("fingerprint"))
+        if theirs != (ctx.job_id, ctx.fingerprint):
+            fp = str(theirs[1])
+            raise AggregationError(
+                f"{ctx.p} rank {r}'s state in round {rid} belongs to job {theirs[0]!r},"
+                f" pipeline {fp[:12]}…, but this leader runs {ctx.who()}: a state of another"
+                " job or pipeline is never merged. Every rank of a job must get the same job"
+                " id (ZEPHON_JOB_ID or the launcher's) and build the same pipeline"
+            )
+        if rec.get("round_id") != rid or rec.get("rank") != r or rec.get("world_size") != n:
+            raise AggregationError(
+                f"{ctx.p} the state record under rank {r}'s key of round {rid} says round"
+                f" {rec.get('round_id')!r}, rank {rec.get('rank')!r}, world_size"
+                f" {rec.get('world_size')!r}; is another program writing to {ctx.where}?"
+            )
+
+    def _check_state(self, rid: str, r: int, st: Any, ref: dict[str, Any]) -> None:
+        """Raise at once if rank ``r``'s state disagrees with the leader's lane mapping."""
+        ctx = self.ctx
+        problems: list[str] = []
+        topo = st.get("topology") if isinstance(st, dict) else None
+        if not isinstance(topo, dict):
+            problems.append("it has no 'topology' dict")
+        else:
+            wanted = {
+                "rank": r,
+                "world_size": ctx.world_size,
+                "dp_size": ref.get("dp_size"),
+                "canonical_replicas": ref.get("canonical_replicas"),
+            }
+            for field, want in wanted.items():
+                if topo.get(field) != want:
+                    problems.append(f"{field}={topo.get(field)!r} (the leader has {want!r})")
+        expected = sorted(int(x) for x in ctx.expected_lanes(r))
+        lanes = st.get("lanes") if isinstance(st, dict) else None
+        if not isinstance(lanes, list) or not all(isinstance(x, dict) for x in lanes):
+            problems.append("its 'lanes' is not a list of {'lane': int, ...} dicts")
+        else:
+            raw = [x.get("lane") for x in lanes]
+            ids = [x for x in raw if isinstance(x, int) and not isinstance(x, bool)]
+            if len(ids) != len(raw):
+                problems.append(f"its lane ids {raw!r} are not all ints")
+            elif sorted(ids) != expected:
+                problems.append(f"it reports lanes {sorted(ids)}, the leader expects {expected}")
+        if problems:
+            raise AggregationError(
+                f"{ctx.p} rank {r}'s state in round {rid} disagrees with the leader's lane"
+                f" mapping: {'; '.join(problems)}. Every rank must build its pipeline with the"
+                " same canonical_replicas, world_size and dp_size."
+            )
+
+    def _header(
+        self, rid: str, merged: Any, states: list[dict[str, Any]]
+    ) -> tuple[dict[str, Any], int]:
+        """The merged state without its lanes (what the commit carries), after checking
+        that the merged lanes are the ranks' own lane states, which followers keep."""
+        ctx = self.ctx
+        lanes = merged.get("lanes") if isinstance(merged, dict) else None
+        if not isinstance(lanes, list):
+            raise AggregationError(
+                f"{ctx.p} merging round {rid} returned no 'lanes' list; got"
+                f" {type(merged).__name__}"
+            )
+        reported: dict[Any, list[Any]] = {}
+        for st in states:
+            for ls in st["lanes"]:
+                reported.setdefault(ls.get("lane"), []).append(ls)
+        for ls in lanes:
+            lane = ls.get("lane") if isinstance(ls, dict) else None
+            got = reported.get(lane, [])
+            if not any(x is ls for x in got) and not any(x == ls for x in got):
+                raise AggregationError(
+                    f"{ctx.p} merging round {rid} changed the state of lane {lane!r}: a"
+                    " round's merge must keep each lane's state as a rank reported it"
+                    " (followers keep their own copy and never read the merged lanes)"
+                )
+        return {k: v for k, v in merged.items() if k != "lanes"}, len(lanes)
+
+    def _missing_message(self, rid: str, missing: list[int]) -> str:
+        ctx = self.ctx
+        parts = [f"rank {r} (lanes {sorted(ctx.expected_lanes(r))})" for r in missing[:32]]
+        if len(missing) > 32:
+            parts.append(f"and {len(missing) - 32} more")
+        return (
+            f"{ctx.p} checkpoint round {rid} timed out after {ctx.timeout_s:g} s waiting for"
+            f" {len(missing)} of {ctx.world_size} ranks in {ctx.where}: {'; '.join(parts)}."
+            " Every rank must call checkpoint() at the same step (raise aggregate_timeout_s"
+            " if some ranks are just slow)."
+        )
+
+    def _wait_acks(self, rid: str, deadline: Deadline) -> list[int]:
+        ctx, keys, n = self.ctx, self.ctx.keys, self.ctx.world_size
+        missing = {r for r in range(n) if r != LEADER_RANK}
+        if not missing:
+            return []
+        watch = ctx.watch(keys.prefix)
+        feed = PrefixFeed(ctx.store, watch, keys.acks(rid), [keys.ack(rid, r) for r in missing])
+        view = ControlView(ctx.store, watch, deadline, n)
+        want = rid.encode()
+        while True:
+            changes = watch.drain() if view.pushed else None
+            for key, value in feed.poll(changes).items():
+                r = Keys.rank_of(key)
+                if r in missing and value == want:
+                    missing.discard(r)
+            if not missing or not view.sleep():
+                return sorted(missing)
+
+    def _fail(self, rid: str, error: BaseException) -> None:
+        """Publish the failure notice (the round's decision: an abort), so followers fail
+        at once; never raises."""
+        ctx, keys = self.ctx, self.ctx.keys
+        message = str(error) or type(error).__name__
+        if not isinstance(error, AggregationError):
+            message = f"{type(error).__name__}: {message}"
+        ctx.log.error("%s round %s failed: %s", ctx.p, rid, message)
+        self.failed = keys.decision(rid)
+        if keys.decision(rid) not in self.kept:
+            self.kept.append(keys.decision(rid))
+        if isinstance(error, _Decided):
+            return  # the decision is there already
+        ctx.abort(rid, message)
+        if ctx.probe() is not None and self.lease is not None:
+            # The store refuses writes: followers that have not seen this round learn it
+            # from the leader's liveness key vanishing (deletes still work) and a probe.
+            with contextlib.suppress(Exception):
+                self.lease.stop()
+            self.lease = None
+        # The announcement stays (until the next round replaces it, or close()): a follower
+        # that had not read it yet still joins this round and then finds the notice.
+
+    # ------------------------------------------------------------------------- close
+
+    def close(self) -> None:
+        """Release the liveness key; delete the kept commit (the last round's marker) and
+        whatever else of this leader's rounds is left (the fence, acks that timed out). A
+        failed last round keeps its announcement and notice: followers that have not looked
+        yet must still find out (a later run ignores them)."""
+        ctx, keys, n = self.ctx, self.ctx.keys, self.ctx.world_size
+        if self.lease is not None:
+            try:
+                self.lease.stop()
+            except Exception as e:  # noqa: BLE001
+                ctx.log.warning("%s could not release the liveness key: %s", ctx.p, e)
+            self.lease = None
+        keep = set() if self.failed is None else {self.failed, keys.round}
+        for key in [*self.kept, keys.gen, keys.round]:
+            if key not in keep:
+                ctx.delete_quietly(key)
+        followers = [r for r in range(n) if r != LEADER_RANK]
+        for rid in sorted(self.leftovers):
+            ctx.delete_prefix_quietly(keys.states(rid), [keys.state(rid, r) for r in followers])
+            ctx.delete_prefix_quietly(keys.acks(rid), [keys.ack(rid, r) for r in followers])
+        self._sweep_replaced()
+        self.replaced.clear()
+        if self.counter:
+            ctx.delete_prefix_quietly(keys.probes, [keys.probe(r) for r in range(n)])
+        self.kept = [k for k in self.kept if k in keep]
+        self.leftovers.clear()
+        ctx.close_watch()
+
+
+def _by(record: dict[str, Any]) -> str:
+    rank = record.get("rank")
+    return f"rank {rank}: " if isinstance(rank, int) else ""
+
+
+def _stats(
+    ctx: RoundContext, rid: str, role: str, ok: bool, deadline: Deadline, before: dict[str, int]
+) -> RoundStats:
+    after = ctx.counters()
+    return RoundStats(
+        round_id=rid,
+        role=role,
+        ok=ok,
+        elapsed_ms=deadline.elapsed_ms(),
+        requests=after["requests"] - before["requests"],
+        bytes_read=after["bytes_read"] - before["bytes_read"],
+        bytes_written=after["bytes_written"] - before["bytes_written"],
+        events=after["events"] - before["events"],
+    )
+
