@@ -6,7 +6,9 @@ Opens the store with ``open_store`` (as a Pipeline would), runs ROUNDS rounds of
 ``Aggregator.round`` with a small synthetic state (two lanes per rank), and prints one JSON
 line per round: ``{"rank", "round", "ok", "merged" | "error", "t"}`` (``t`` = time.time() at
 the end of the round). MODE ``die_before_publish``: the leader prints ``{"dying": t}`` and
-SIGKILLs itself inside ``merge``, after collecting every state and before publishing.
+SIGKILLs itself inside ``merge``, after collecting every state and before publishing;
+``stop_before_publish``: it prints ``{"stopped": t}`` and SIGSTOPs itself there (the test
+sends SIGCONT).
 """
 
 from __future__ import annotations
@@ -44,6 +46,19 @@ def merge(states: list[dict]) -> dict:
     return {"lanes": lanes}
 
 
+def expected_result(rank: int, world_size: int, round_no: int) -> dict:
+    """What rank ``rank`` gets back (its "share" entry aside): the merged state on the
+    leader, the merged header with its own lanes on a follower."""
+    merged = merge([state_of(r, world_size, round_no) for r in range(world_size)])
+    if rank == 0:
+        return merged
+    return {**merged, "lanes": state_of(rank, world_size, round_no)["lanes"]}
+
+
+def without_share(result: dict) -> dict:
+    return {k: v for k, v in result.items() if k != "share"}
+
+
 def emit(**record) -> None:
     print(json.dumps(record), flush=True)
 
@@ -57,6 +72,9 @@ def main() -> None:
         if mode == "die_before_publish":
             emit(dying=time.time())
             os.kill(os.getpid(), signal.SIGKILL)
+        if mode == "stop_before_publish":
+            emit(stopped=time.time())
+            os.kill(os.getpid(), signal.SIGSTOP)
         return merge(states)
 
     if url == "jax://":  # this rank joins a jax.distributed job first (coordinator in env)

@@ -39,6 +39,7 @@ class Decision:
 
     kind: str
     record: dict[str, Any]
+    empty: bool = False  # an abort whose notice the store refused (see read_decision)
 
     @property
     def why(self) -> str:
@@ -52,6 +53,7 @@ def read_decision(blob: bytes) -> Decision:
         return Decision(
             "abort",
             {"error": "a rank aborted the round but the store refused its notice (is it full?)"},
+            empty=True,
         )
     rec = decode(blob)
     if rec is not None and rec.get("kind") == COMMIT:
@@ -186,6 +188,15 @@ class RoundContext:
             self.store.delete(key)
         return None
 
+    def why(self, rid: str, d: Decision) -> str:
+        """``d``'s reason; for an empty notice, this rank's own probe of the store names
+        the error the store gives (the rank that aborted could not store it)."""
+        if d.empty:
+            refused = self.probe()
+            if refused is not None:
+                return f"the store refuses writes ({refused})"
+        return d.why
+
     def refused_message(self, rid: str | None, error: str) -> str:
         what = f"checkpoint round {rid}" if rid else "the checkpoint round"
         return (
@@ -208,9 +219,7 @@ class RoundContext:
                 delete_prefix(prefix)
                 return
             except Exception as e:  # noqa: BLE001
-                self.log.warning(
-                    "%s could not delete %r* in %s: %s", self.p, prefix, self.where, e
-                )
+                self.log.warning("%s could not delete %r* in %s: %s", self.p, prefix, self.where, e)
                 return
         for key in keys:
             self.delete_quietly(key)
@@ -221,6 +230,4 @@ def raise_as_round_error(ctx: RoundContext, rid: str | None, e: BaseException) -
     if isinstance(e, AggregationError | KeyboardInterrupt | SystemExit):
         raise e
     what = f"round {rid}" if rid else "the checkpoint round"
-    raise AggregationError(
-        f"{ctx.p} {what} failed in {ctx.where}: {type(e).__name__}: {e}"
-    ) from e
+    raise AggregationError(f"{ctx.p} {what} failed in {ctx.where}: {type(e).__name__}: {e}") from e

@@ -171,9 +171,7 @@ class Follower:
         except CheckpointError as e:
             # Tell everyone, so the whole round fails now rather than at the deadline.
             ctx.abort(rid, f"rank {ctx.rank} cannot serialise its state: {e}")
-            raise _StateNotSerialisable(
-                f"{ctx.p} cannot serialise this rank's state: {e}"
-            ) from e
+            raise _StateNotSerialisable(f"{ctx.p} cannot serialise this rank's state: {e}") from e
         try:
             existing = ctx.store.create(keys.state(rid, ctx.rank), record)
         except Exception as e:  # noqa: BLE001 - the store's error is the message
@@ -284,9 +282,7 @@ class Follower:
                     " waits for every rank's state: is some rank missing, or the leader stuck?",
                 )
 
-    def _judge(
-        self, joined: _Joined, d: Decision, state: dict[str, Any]
-    ) -> dict[str, Any] | None:
+    def _judge(self, joined: _Joined, d: Decision, state: dict[str, Any]) -> dict[str, Any] | None:
         """This rank's result if ``d`` decides the joined round for it; raises on an abort
         that counts; None for a decision that may be a leftover's (kept for the message)."""
         ctx = self.ctx
@@ -314,10 +310,13 @@ class Follower:
             joined.problem = problem
             return None
         by = d.record.get("rank")
-        if not isinstance(by, int) or by == LEADER_RANK:
-            problem = f"the leader (rank {LEADER_RANK}) failed checkpoint round {rid}: {d.why}"
+        why = ctx.why(rid, d)
+        if d.empty:
+            problem = f"checkpoint round {rid} was ended: {why}"
+        elif not isinstance(by, int) or by == LEADER_RANK:
+            problem = f"the leader (rank {LEADER_RANK}) failed checkpoint round {rid}: {why}"
         else:
-            problem = f"rank {by} ended checkpoint round {rid}: {d.why}"
+            problem = f"rank {by} ended checkpoint round {rid}: {why}"
         if joined.fresh:
             raise AggregationError(f"{ctx.p} {problem}")
         joined.problem = problem

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import socket
 import uuid
 from typing import Any
@@ -25,6 +26,8 @@ from zephon.errors import AggregationError, CheckpointError
 
 __all__ = ["Leader"]
 
+_RID = re.compile(r"[0-9a-f]{12}-[0-9]{1,12}")  # <session>-<counter>
+
 
 class _Decided(AggregationError):
     """The round's decision key already holds an abort (a follower's notice): the leader
@@ -44,6 +47,7 @@ class Leader:
         self.failed: str | None = None  # the decision key of the last round, if it failed
         self.leftovers: set[str] = set()  # round ids whose states/acks may still be stored
         self.replaced: set[tuple[str, int]] = set()  # earlier runs' rounds this one replaced
+        self.announced: str | None = None  # the last round this leader announced
         self.last: RoundStats | None = None
 
     # ------------------------------------------------------------------------- round
@@ -93,6 +97,7 @@ class Leader:
         self._hold_liveness()
         watch = ctx.watch(keys.prefix)
         self._clear_leftover_announcement()
+        self.announced = rid  # from here on the keys are this leader's to publish and remove
         fence = ctx.store.announce(keys.gen, rid.encode())
         ctx.store.put(keys.round, ann.encode())
         self.leftovers.add(rid)
@@ -135,7 +140,7 @@ class Leader:
             d = read_decision(existing)
             raise _Decided(
                 f"{ctx.p} round {rid} was ended before this leader could commit it:"
-                f" {_by(d.record)}{d.why}"
+                f" {_by(d.record)}{ctx.why(rid, d)}"
             )
         self.kept.append(keys.decision(rid))
         ctx.log.debug(
@@ -211,6 +216,10 @@ class Leader:
                 ctx.keys.leader, value.encode(), ctx.lease_ttl_s, exclusive=True
             )
         except KeyHeldError as e:
+            if e.value.split(b" ", 1)[0] == self.session.encode():
+                # Our own key from a lease that lapsed and could not be revoked yet.
+                self.lease = ctx.store.keep_alive(ctx.keys.leader, value.encode(), ctx.lease_ttl_s)
+                return
             raise AggregationError(
                 f"{ctx.p} another leader holds the rounds of {ctx.who()} in {ctx.where}:"
                 f" its liveness key says {e.value.decode(errors='replace')!r}. Two jobs with"
@@ -223,14 +232,23 @@ class Leader:
         """An announcement of another session is an earlier run's failed round (a job
         restarted under the same id): its notice, states and acks can go with it."""
         ctx, keys = self.ctx, self.ctx.keys
-        blob = ctx.store.get(keys.round)
+        blob, gen = ctx.store.get(keys.round), ctx.store.get(keys.gen)
         old = Announcement.decode(blob) if blob is not None else None
-        if old is not None and old.session != self.session:
-            ctx.log.debug("%s replacing round %s left by an earlier run", ctx.p, old.round_id)
-            ctx.delete_quietly(keys.decision(old.round_id))
+        found: dict[str, int] = {}
+        if old is not None and old.session != self.session and _RID.fullmatch(old.round_id):
+            found[old.round_id] = old.world_size
+        # A run that died after closing its round left no announcement, but its
+        # generation key still names that round.
+        old_gen = gen.decode(errors="replace") if gen is not None else ""
+        if _RID.fullmatch(old_gen) and not old_gen.startswith(f"{self.session}-"):
+            found[old_gen] = ctx.world_size
+        for rid, world_size in found.items():
+            ctx.log.debug("%s replacing round %s left by an earlier run", ctx.p, rid)
+            ctx.delete_quietly(keys.decision(rid))
             # Its states and acks go now and again after this round: followers that had
             # joined it may still write there until they see the new announcement.
-            self.replaced.add((old.round_id, old.world_size))
+            self.replaced.add((rid, world_size))
+        if found:
             self._sweep_replaced()
 
     def _sweep_replaced(self) -> None:
@@ -298,7 +316,7 @@ class Leader:
             d = read_decision(decision)
             rank = d.record.get("rank")
             who = f"rank {rank}" if isinstance(rank, int) else "a rank"
-            raise _Decided(f"{ctx.p} {who} could not take part in round {rid}: {d.why}")
+            raise _Decided(f"{ctx.p} {who} could not take part in round {rid}: {ctx.why(rid, d)}")
         if gen != rid.encode():
             if gen is None:
                 refused = ctx.probe()
@@ -377,8 +395,7 @@ class Leader:
         lanes = merged.get("lanes") if isinstance(merged, dict) else None
         if not isinstance(lanes, list):
             raise AggregationError(
-                f"{ctx.p} merging round {rid} returned no 'lanes' list; got"
-                f" {type(merged).__name__}"
+                f"{ctx.p} merging round {rid} returned no 'lanes' list; got {type(merged).__name__}"
             )
         reported: dict[Any, list[Any]] = {}
         for st in states:
@@ -433,6 +450,14 @@ class Leader:
         if not isinstance(error, AggregationError):
             message = f"{type(error).__name__}: {message}"
         ctx.log.error("%s round %s failed: %s", ctx.p, rid, message)
+        if self.announced != rid:
+            # Never announced (its first write failed, or another leader holds the
+            # location): there is no round to end, and no key here is this leader's.
+            if ctx.probe() is not None and self.lease is not None:
+                with contextlib.suppress(Exception):
+                    self.lease.stop()
+                self.lease = None
+            return
         self.failed = keys.decision(rid)
         if keys.decision(rid) not in self.kept:
             self.kept.append(keys.decision(rid))
@@ -463,7 +488,8 @@ class Leader:
                 ctx.log.warning("%s could not release the liveness key: %s", ctx.p, e)
             self.lease = None
         keep = set() if self.failed is None else {self.failed, keys.round}
-        for key in [*self.kept, keys.gen, keys.round]:
+        mine = [keys.gen, keys.round] if self.announced is not None else []
+        for key in [*self.kept, *mine]:
             if key not in keep:
                 ctx.delete_quietly(key)
         followers = [r for r in range(n) if r != LEADER_RANK]
@@ -472,7 +498,7 @@ class Leader:
             ctx.delete_prefix_quietly(keys.acks(rid), [keys.ack(rid, r) for r in followers])
         self._sweep_replaced()
         self.replaced.clear()
-        if self.counter:
+        if self.announced is not None:
             ctx.delete_prefix_quietly(keys.probes, [keys.probe(r) for r in range(n)])
         self.kept = [k for k in self.kept if k in keep]
         self.leftovers.clear()
@@ -498,4 +524,3 @@ def _stats(
         bytes_written=after["bytes_written"] - before["bytes_written"],
         events=after["events"] - before["events"],
     )
-

@@ -526,7 +526,9 @@ class EtcdStore:
         lease_id: int | None,
         create: bool = False,
     ) -> tuple[bool, bytes | None]:
-        won, existing, _ = self._write_full(key, value, fence=fence, lease_id=lease_id, create=create)
+        won, existing, _ = self._write_full(
+            key, value, fence=fence, lease_id=lease_id, create=create
+        )
         return won, existing
 
     def _write_full(
@@ -596,7 +598,11 @@ class EtcdStore:
                 failure = [{"request_range": {"key": k64}}]
                 if fence is not None:
                     failure.append({"request_range": {"key": _b64(self._key(fence.key))}})
-                txn = {"compare": compare, "success": [{"request_put": request}], "failure": failure}
+                txn = {
+                    "compare": compare,
+                    "success": [{"request_put": request}],
+                    "failure": failure,
+                }
                 what = ("create " if create else "fenced put ") + repr(key)
                 result = self._call("/kv/txn", txn, what)
                 # protobuf's JSON leaves out false booleans: no "succeeded" means it failed
