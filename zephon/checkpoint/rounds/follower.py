@@ -69,11 +69,16 @@ class Follower:
         joined = _Joined()
         ok = False
         try:
-            view = ControlView(ctx.store, ctx.watch(keys.control), deadline, n)
             try:
+                view = ControlView(ctx.store, ctx.watch(keys.control), deadline, n)
                 self._await_announcement(view, joined)
                 self._write_state(joined, state)
                 result = self._await_decision(view, joined, state)
+            except AggregationError as e:
+                if str(e).startswith(ctx.p):
+                    raise
+                what = f"round {joined.ann.round_id}" if joined.ann is not None else "round"
+                raise AggregationError(f"{ctx.p} checkpoint {what} failed: {e}") from e
             finally:
                 if joined.ann is not None:
                     self.last_round = (joined.ann.session, joined.ann.counter)

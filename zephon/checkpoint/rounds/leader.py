@@ -48,6 +48,7 @@ class Leader:
         self.leftovers: set[str] = set()  # round ids whose states/acks may still be stored
         self.replaced: set[tuple[str, int]] = set()  # earlier runs' rounds this one replaced
         self.announced: str | None = None  # the last round this leader announced
+        self._gen_seen = False  # this round's generation was read back at least once
         self.last: RoundStats | None = None
 
     # ------------------------------------------------------------------------- round
@@ -67,6 +68,8 @@ class Leader:
                 ok = True
             except BaseException as e:
                 self._fail(rid, e)
+                if isinstance(e, AggregationError) and not str(e).startswith(ctx.p):
+                    raise AggregationError(f"{ctx.p} round {rid} failed: {e}") from e
                 if isinstance(e, AggregationError | KeyboardInterrupt | SystemExit):
                     raise
                 if isinstance(e, CheckpointError):
@@ -96,15 +99,21 @@ class Leader:
         )
         self._hold_liveness()
         watch = ctx.watch(keys.prefix)
-        self._clear_leftover_announcement()
+        self._clear_leftover_announcement(watch)
         self.announced = rid  # from here on the keys are this leader's to publish and remove
-        fence = ctx.store.announce(keys.gen, rid.encode())
-        ctx.store.put(keys.round, ann.encode())
         self.leftovers.add(rid)
+        announce_with = getattr(ctx.store, "announce_with", None)
+        if callable(announce_with):  # etcd: the generation and the announcement in one request
+            fence = announce_with(keys.gen, rid.encode(), {keys.round: ann.encode()})
+        else:
+            fence = ctx.store.announce(keys.gen, rid.encode())
+            ctx.store.put(keys.round, ann.encode())
         ctx.log.debug("%s round %s announced (%d ranks, %s)", ctx.p, rid, n, ctx.who())
         states, digests = self._collect(rid, state, own, deadline, watch)
         t_collect = deadline.elapsed_ms()
-        ctx.store.delete(keys.round)  # close the round: the announcement goes
+        create_and_delete = getattr(ctx.store, "create_and_delete", None)
+        if not callable(create_and_delete):
+            ctx.store.delete(keys.round)  # close the round: the announcement goes
         try:
             merged = ctx.merge(states)
         except Exception as e:
@@ -130,7 +139,13 @@ class Leader:
                 f" lease_ttl_s={ctx.lease_ttl_s:g}?); not committing"
             )
         try:
-            existing = ctx.store.create(keys.decision(rid), commit, fence=fence)
+            if callable(create_and_delete):
+                # etcd: the round is closed (its announcement deleted) by the commit itself
+                existing = create_and_delete(
+                    keys.decision(rid), commit, fence=fence, delete=[keys.round]
+                )
+            else:
+                existing = ctx.store.create(keys.decision(rid), commit, fence=fence)
         except StaleRoundError as e:
             raise AggregationError(
                 f"{ctx.p} round {rid} cannot publish its merged result: a newer round was"
@@ -173,20 +188,34 @@ class Leader:
             )
             return
         followers = [r for r in range(n) if r != LEADER_RANK]
-        ctx.delete_prefix_quietly(keys.states(rid), [keys.state(rid, r) for r in followers])
-        ctx.delete_prefix_quietly(keys.acks(rid), [keys.ack(rid, r) for r in followers])
+        # Every rank has read this round's commit, so none still needs an earlier one.
+        old_decisions = self.kept[:-1]
+        self.kept = self.kept[-1:]
+        revision = None
+        delete_batch = getattr(ctx.store, "delete_batch", None)
+        if callable(delete_batch):  # etcd: one transaction
+            try:
+                revision = delete_batch(
+                    keys=old_decisions, prefixes=[keys.states(rid), keys.acks(rid)]
+                )
+            except Exception as e:  # noqa: BLE001
+                ctx.log.warning("%s could not clean up round %s: %s", ctx.p, rid, e)
+        else:
+            ctx.delete_prefix_quietly(keys.states(rid), [keys.state(rid, r) for r in followers])
+            ctx.delete_prefix_quietly(keys.acks(rid), [keys.ack(rid, r) for r in followers])
+            for key in old_decisions:
+                ctx.delete_quietly(key)
         self.leftovers.discard(rid)
         if self.replaced:
             self._sweep_replaced()
             self.replaced.clear()
-        # Every rank has read this round's commit, so none still needs an earlier one.
-        for key in self.kept[:-1]:
-            ctx.delete_quietly(key)
-        self.kept = self.kept[-1:]
         compact = getattr(ctx.store, "compact", None)
         if callable(compact):
             try:
-                compact()
+                if revision:
+                    compact(revision)
+                else:
+                    compact()
             except Exception as e:  # noqa: BLE001
                 ctx.log.warning("%s could not compact %s: %s", ctx.p, ctx.where, e)
         ctx.log.debug("%s round %s done in %.1f ms", ctx.p, rid, deadline.elapsed_ms())
@@ -228,11 +257,12 @@ class Leader:
                 f" within its lease TTL (this job's is {ctx.lease_ttl_s:g} s)"
             ) from e
 
-    def _clear_leftover_announcement(self) -> None:
+    def _clear_leftover_announcement(self, watch: Any) -> None:
         """An announcement of another session is an earlier run's failed round (a job
         restarted under the same id): its notice, states and acks can go with it."""
         ctx, keys = self.ctx, self.ctx.keys
-        blob, gen = ctx.store.get(keys.round), ctx.store.get(keys.gen)
+        view = ControlView(ctx.store, watch, Deadline(ctx.timeout_s), 1)
+        blob, gen = view.get_many([keys.round, keys.gen])
         old = Announcement.decode(blob) if blob is not None else None
         found: dict[str, int] = {}
         if old is not None and old.session != self.session and _RID.fullmatch(old.round_id):
@@ -280,6 +310,7 @@ class Leader:
         missing = {r for r in range(n) if r != LEADER_RANK}
         feed = PrefixFeed(ctx.store, watch, keys.states(rid), [keys.state(rid, r) for r in missing])
         view = ControlView(ctx.store, watch, deadline, n)
+        self._gen_seen = False
         while True:
             changes = watch.drain() if view.pushed else None
             for key, blob in feed.poll(changes).items():
@@ -317,7 +348,9 @@ class Leader:
             rank = d.record.get("rank")
             who = f"rank {rank}" if isinstance(rank, int) else "a rank"
             raise _Decided(f"{ctx.p} {who} could not take part in round {rid}: {ctx.why(rid, d)}")
-        if gen != rid.encode():
+        if gen == rid.encode():
+            self._gen_seen = True
+        elif self._gen_seen:  # (a watch may not show this leader's own announce yet)
             if gen is None:
                 refused = ctx.probe()
                 if refused is not None:

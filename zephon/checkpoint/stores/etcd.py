@@ -60,6 +60,7 @@ import logging
 import math
 import os
 import re
+import socket
 import threading
 import time
 from collections.abc import Sequence
@@ -418,6 +419,33 @@ class EtcdStore:
             f"delete keys under {prefix!r}",
         )
 
+    def delete_batch(self, keys: Sequence[str] = (), prefixes: Sequence[str] = ()) -> int:
+        """Delete ``keys`` and everything under ``prefixes`` in as few transactions as
+        etcd allows (one, for up to ``MAX_TXN_OPS``); returns the revision after them.
+        Parts of split values under a deleted key are not followed (a round's keys are
+        small; a prefix takes parts along)."""
+        ops: list[dict[str, Any]] = [
+            {"request_delete_range": {"key": _b64(self._key(k))}} for k in keys
+        ]
+        for prefix in prefixes:
+            if not prefix:
+                raise ValueError("delete_batch needs non-empty prefixes")
+            start = self._key(prefix)
+            ops.append(
+                {
+                    "request_delete_range": {
+                        "key": _b64(start),
+                        "range_end": _b64(_prefix_end(start)),
+                    }
+                }
+            )
+        revision = 0
+        for i in range(0, len(ops), MAX_TXN_OPS):
+            txn = {"compare": [], "success": ops[i : i + MAX_TXN_OPS], "failure": []}
+            result = self._call("/kv/txn", txn, f"delete {len(ops)} keys and prefixes")
+            revision = int(result["header"]["revision"])
+        return revision
+
     def _manifest(self, key: str, raw: bytes) -> dict[str, Any]:
         if raw[:1] != _TAG_MANIFEST:
             raise AggregationError(
@@ -438,6 +466,41 @@ class EtcdStore:
     def announce(self, key: str, value: bytes) -> EtcdFence:
         _, _, revision = self._write_full(key, bytes(value), fence=None, lease_id=None)
         return EtcdFence(key, revision)
+
+    def announce_with(self, key: str, value: bytes, also: dict[str, bytes]) -> EtcdFence:
+        """``announce(key, value)`` and ``put`` of every ``also`` item in one transaction
+        (one request, one revision); small values only (no parts)."""
+        values = {key: bytes(value), **{k: bytes(v) for k, v in also.items()}}
+        if any(len(v) + 1 > self.part_size_bytes for v in values.values()):
+            fence = self.announce(key, value)
+            for k, v in also.items():
+                self.put(k, v)
+            return fence
+        txn = {
+            "compare": [],
+            "success": [
+                {"request_put": {"key": _b64(self._key(k)), "value": _b64(_TAG_INLINE + v)}}
+                for k, v in values.items()
+            ],
+            "failure": [],
+        }
+        self.counters.add(written=sum(len(v) for v in values.values()))
+        result = self._call("/kv/txn", txn, f"announce {key!r}")
+        return EtcdFence(key, int(result["header"]["revision"]))
+
+    def create_and_delete(
+        self, key: str, value: bytes, *, fence: Any = None, delete: Sequence[str] = ()
+    ) -> bytes | None:
+        """``create(key, value, fence=fence)`` that also deletes ``delete`` when (and only
+        when) it creates the key: one transaction."""
+        won, existing, _ = self._write_full(
+            key, bytes(value), fence=fence, lease_id=None, create=True, delete=list(delete)
+        )
+        if won:
+            return None
+        if existing is not None:
+            return existing
+        return self.create(key, value, fence=fence)  # (it was deleted meanwhile: once more)
 
     def keep_alive(
         self, key: str, value: bytes, ttl_s: float, *, exclusive: bool = False
@@ -477,13 +540,15 @@ class EtcdStore:
         self._watches = [x for x in self._watches if not x.closed] + [w]
         return w
 
-    def compact(self) -> int:
-        """Compact etcd's history up to the current revision (two requests); returns it.
-        A revision already compacted (by another job, or etcd's auto-compaction) is fine."""
-        result = self._call(
-            "/kv/range", {"key": _b64(self._key("")), "count_only": True}, "read the revision"
-        )
-        revision = int(result["header"]["revision"])
+    def compact(self, revision: int | None = None) -> int:
+        """Compact etcd's history up to ``revision`` (default: the current one, read first);
+        returns it. A revision already compacted (by another job, or etcd's
+        auto-compaction) is fine."""
+        if revision is None:
+            result = self._call(
+                "/kv/range", {"key": _b64(self._key("")), "count_only": True}, "read the revision"
+            )
+            revision = int(result["header"]["revision"])
         try:
             self._call("/kv/compaction", {"revision": revision}, f"compact to {revision}")
         except _Refused as e:
@@ -539,8 +604,10 @@ class EtcdStore:
         fence: Any,
         lease_id: int | None,
         create: bool = False,
+        delete: list[str] | None = None,
     ) -> tuple[bool, bytes | None, int]:
-        """Write ``key`` (split when large, manifest last), fenced and/or only if absent.
+        """Write ``key`` (split when large, manifest last), fenced and/or only if absent,
+        deleting ``delete`` in the same transaction.
 
         Returns (written, the existing value when ``create`` lost, the key's mod revision).
         """
@@ -576,7 +643,7 @@ class EtcdStore:
         if lease_id is not None:
             request["lease"] = lease_id
         try:
-            if fence is None and not create:
+            if fence is None and not create and not delete:
                 result = self._call("/kv/put", request, f"put {key!r}")
                 revision = int(result["header"]["revision"])
                 prev = result.get("prev_kv")
@@ -598,11 +665,11 @@ class EtcdStore:
                 failure = [{"request_range": {"key": k64}}]
                 if fence is not None:
                     failure.append({"request_range": {"key": _b64(self._key(fence.key))}})
-                txn = {
-                    "compare": compare,
-                    "success": [{"request_put": request}],
-                    "failure": failure,
-                }
+                success: list[dict[str, Any]] = [{"request_put": request}]
+                success += [
+                    {"request_delete_range": {"key": _b64(self._key(k))}} for k in delete or ()
+                ]
+                txn = {"compare": compare, "success": success, "failure": failure}
                 what = ("create " if create else "fenced put ") + repr(key)
                 result = self._call("/kv/txn", txn, what)
                 # protobuf's JSON leaves out false booleans: no "succeeded" means it failed
@@ -842,9 +909,17 @@ class EtcdWatch:
         self.closed = True
         resp = self._resp
         if resp is not None:
+            # Closing the response from here would wait for the reading thread's read to
+            # time out; shutting the socket down ends that read at once (as etcd3gw's own
+            # Watcher.stop does).
             try:
-                resp.close()
-            except Exception:  # noqa: BLE001 - closing a socket another thread reads
+                fd = resp.raw._fp.fileno()
+                sock = socket.fromfd(fd, socket.AF_INET, socket.SOCK_STREAM)
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                finally:
+                    sock.close()
+            except Exception:  # noqa: BLE001 - already closed, or not a socket we know
                 pass
         with self._cond:
             self._cond.notify_all()
