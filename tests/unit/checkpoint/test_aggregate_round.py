@@ -292,14 +292,15 @@ def test_previous_merged_is_kept_until_the_next_round_is_acknowledged(roots):
 
 
 class _DropAcks:
-    """A store whose ack writes vanish: the rank read the result, then died before acking."""
+    """A store whose acks vanish (a follower acknowledges by deleting its state): the rank
+    read the result, then died before acking."""
 
     def __init__(self, inner: Any) -> None:
         self._inner = inner
 
-    def put(self, key, value, *, fence=None):
-        if ".a." not in key:
-            self._inner.put(key, value, fence=fence)
+    def delete(self, key):
+        if ".s." not in key:
+            self._inner.delete(key)
 
     def __getattr__(self, name):
         return getattr(self._inner, name)
@@ -597,7 +598,7 @@ def _record(rid: str, rank: int, n: int, state: dict) -> bytes:
 
 def test_stale_files_from_a_dead_run_are_ignored(roots):
     """A dead run of this job left an announcement, states (with lanes that would not
-    match), acks, a commit and its leader key. The followers start first and adopt the
+    match), a commit and its leader key. The followers start first and adopt the
     stale announcement; the new leader's announcement moves them over; nothing stale
     counts."""
     root = roots.new()
@@ -615,7 +616,6 @@ def test_stale_files_from_a_dead_run_are_ignored(roots):
         wrong = make_state(r, n, 0)
         wrong["lanes"] = [{"lane": 99}]  # would be a mapping mismatch if it were counted
         junk.put(KEYS.state(dead.round_id, r), _record(dead.round_id, r, n, wrong))
-        junk.put(KEYS.ack(dead.round_id, r), dead.round_id.encode())
     junk.put(KEYS.state(dead.round_id, 2), b"not a checkpoint at all")
     junk.put(KEYS.decision(dead.round_id), b"junk")
     junk.put(KEYS.decision("deadbeef0000-6"), b"junk")

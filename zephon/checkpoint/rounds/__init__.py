@@ -21,10 +21,9 @@ Leader::
     delete("c.round")                     the round is closed
     merge; create("c.d.<id>", commit manifest, fence)
                                           the commit: the merged state's header (no lanes)
-                                          and one 16-byte digest per rank's state record
-    wait for every "a.<id>.r"
-    delete the round's states and acks (range deletes), the previous round's commit;
-    compact the store's history (etcd)
+                                          and one 8-byte digest per rank's state record
+    wait until every "s.<id>.r" is gone (a follower's acknowledgement)
+    delete the previous round's commit; compact the store's history (etcd)
 
 Follower r::
 
@@ -32,7 +31,7 @@ Follower r::
     read "c.round" -> round id; create("s.<id>.r", state record)
     wait for "c.d.<id>": a commit whose digest for rank r is this rank's record -> the
         result; an abort -> fail with its reason
-    put("a.<id>.r")
+    delete("s.<id>.r")                    the acknowledgement (nobody reads the state now)
 
 **What a rank gets back.** The leader returns the merged state (every lane). A follower
 returns its *share*: the merged state's header (format, fingerprint, topology, the
@@ -62,7 +61,7 @@ store's error. So every rank fails within about a second, naming the store's err
 rank is blamed for it.
 
 **Leftovers** of an earlier run of the same job (same job id and pipeline) are ignored:
-their states and acks carry other round ids; an old announcement may be joined by a
+their states carry other round ids; an old announcement may be joined by a
 follower, which then switches (re-writing its state) as soon as a leader of another session
 announces, and an old failure notice does not count, because a follower only trusts a
 notice once the round is shown to be live: its leader's liveness key (tagged with the

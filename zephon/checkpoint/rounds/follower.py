@@ -22,8 +22,10 @@ __all__ = ["Follower", "SHARE_KEY"]
 
 #: the key of a follower's result that says it is one rank's share of a merged state
 SHARE_KEY = "share"
-#: without pushes, how often a waiting follower also reads the announcement, the
-#: generation and the leader's liveness key (the decision key it reads every poll)
+#: without pushes, how often (at least; four poll intervals at large world sizes, at most a
+#: quarter of the lease TTL) a waiting follower also reads the generation and the leader's
+#: liveness key, and the announcement when the generation moved on (the decision key it
+#: reads every poll)
 SLOW_CHECK_S = 0.1
 
 
@@ -72,7 +74,15 @@ class Follower:
             try:
                 view = ControlView(ctx.store, ctx.watch(keys.control), deadline, n)
                 self._await_announcement(view, joined)
+                t_joined = deadline.elapsed_ms()
                 self._write_state(joined, state)
+                ctx.log.debug(
+                    "%s joined round %s at %.1f ms, state written at %.1f ms",
+                    ctx.p,
+                    joined.ann.round_id,
+                    t_joined,
+                    deadline.elapsed_ms(),
+                )
                 result = self._await_decision(view, joined, state)
             except AggregationError as e:
                 if str(e).startswith(ctx.p):
@@ -84,9 +94,8 @@ class Follower:
                     self.last_round = (joined.ann.session, joined.ann.counter)
             rid = joined.ann.round_id
             try:
-                if not callable(getattr(ctx.store, "delete_prefix", None)):
-                    ctx.store.delete(keys.state(rid, ctx.rank))  # the leader cannot sweep
-                ctx.store.put(keys.ack(rid, ctx.rank), rid.encode())
+                # The acknowledgement: this rank's state goes (nobody reads it any more).
+                ctx.store.delete(keys.state(rid, ctx.rank))
             except Exception as e:  # noqa: BLE001 - this rank has the result
                 ctx.log.warning(
                     "%s round %s: could not acknowledge the merged result: %s", ctx.p, rid, e
@@ -135,6 +144,7 @@ class Follower:
         ignored = None
         fresh = False  # saw the key absent or unusable first: what follows is this job's
         probed = False
+        next_probe_s = ctx.probe_after_s
         while True:
             ann, why = self._read_announcement(view.get(ctx.keys.round))
             if ann is not None:
@@ -144,13 +154,17 @@ class Follower:
                 return
             fresh = True
             ignored = why or ignored
-            if not probed and view.deadline.elapsed_s() >= ctx.probe_after_s:
-                # Still no round: make sure it is not the store refusing the leader's writes
-                # (it would refuse this rank's too), which nothing else would tell us.
-                probed = True
-                refused = ctx.probe()
-                if refused is not None:
-                    raise AggregationError(ctx.refused_message(None, refused))
+            if not probed and view.deadline.elapsed_s() >= next_probe_s:
+                next_probe_s = view.deadline.elapsed_s() + max(ctx.probe_after_s, view.interval_s)
+                # Still no round and no live leader: make sure it is not the store refusing
+                # the leader's writes (it would refuse this rank's too), which nothing else
+                # would tell us. (A leader whose key is there is only late; a leader that
+                # cannot write gives its key up.)
+                if view.get(ctx.keys.leader) is None:
+                    probed = True
+                    refused = ctx.probe()
+                    if refused is not None:
+                        raise AggregationError(ctx.refused_message(None, refused))
             if not view.sleep():
                 extra = f"; ignored {ignored}" if ignored else ""
                 raise AggregationError(
@@ -211,6 +225,7 @@ class Follower:
         or at the deadline."""
         ctx, keys = self.ctx, self.ctx.keys
         grace_s = ctx.lease_ttl_s / 4
+        slow_cap_s = max(SLOW_CHECK_S, grace_s)
         next_slow = 0.0
         absent_reads = 0
         while True:
@@ -220,11 +235,17 @@ class Follower:
             if blob is not None:
                 result = self._judge(joined, read_decision(blob), state)
                 if result is not None:
+                    ctx.log.debug(
+                        "%s round %s decided; seen at %.1f ms",
+                        ctx.p,
+                        rid,
+                        view.deadline.elapsed_ms(),
+                    )
                     return result
             now = time.monotonic()
             if view.pushed or now >= next_slow:
-                next_slow = now + SLOW_CHECK_S
-                leader, gen, ann_blob = view.get_many([keys.leader, keys.gen, keys.round])
+                next_slow = now + min(max(SLOW_CHECK_S, 4 * view.interval_s), slow_cap_s)
+                leader, gen = view.get_many([keys.leader, keys.gen])
                 alive = leader is not None and leader.split(b" ", 1)[0] == ann.session.encode()
                 if alive:
                     joined.leader_seen, joined.gone_since = True, None
@@ -233,10 +254,14 @@ class Follower:
                     joined.gen_seen = True
                 elif gen is None and joined.gen_seen:
                     return self._ended_without_decision(joined, state)
-                cur, _ = self._read_announcement(ann_blob)
-                absent_reads = absent_reads + 1 if cur is None else 0
-                if absent_reads >= 2:
-                    joined.fresh = True  # closed by its leader: the joined round is live
+                # While the generation names this round no newer one was announced: the
+                # announcement is only read when it does not.
+                cur = None
+                if gen != rid.encode():
+                    cur, _ = self._read_announcement(view.get(keys.round))
+                    absent_reads = absent_reads + 1 if cur is None else 0
+                    if absent_reads >= 2:
+                        joined.fresh = True  # closed by its leader: the joined round is live
                 if cur is not None and cur.round_id != rid:
                     if cur.session != ann.session:
                         ctx.log.info(

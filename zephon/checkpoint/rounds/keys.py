@@ -12,19 +12,20 @@ Every key of a round sits under one prefix per (job, pipeline)::
     P c.d.<round id>                       the decision: the commit manifest, or an abort
                                            notice; written once (create), so exactly one
                                            outcome exists and every rank reads the same one
-    P s.<round id>.<rank>                  a follower's state record
-    P a.<round id>.<rank>                  a follower's acknowledgement
+    P s.<round id>.<rank>                  a follower's state record; the follower deletes
+                                           it once it has read the commit, and that
+                                           deletion is its acknowledgement
     P x.<rank>                             a probe: "can this rank write at all?"
 
 Followers watch (or poll) only ``P c.``: the control keys are small, and the one large
-value among them, the commit manifest, holds O(W) small entries (a 16-byte digest per
+value among them, the commit manifest, holds O(W) small entries (an 8-byte digest per
 rank and the merged state's header), never the lane states. Two jobs (different job ids)
 or two pipelines of one job (different fingerprints) on one location have disjoint
 prefixes, so their rounds never meet; the records carry both ids anyway, and a record
 with another job's or pipeline's id under this prefix is an error naming both.
 
 Records are :func:`zephon.checkpoint.io.dumps` bytes (msgpack + zstd with a checksummed
-header; never pickle). A state record's digest (blake2b, 16 bytes, of the record's bytes)
+header; never pickle). A state record's digest (blake2b, 8 bytes, of the record's bytes)
 is what the commit manifest lists per rank: a follower accepts a commit only if the entry
 for its rank is the digest of the record it wrote.
 """
@@ -53,7 +54,7 @@ __all__ = [
 ]
 
 LEADER_RANK = 0
-DIGEST_BYTES = 16
+DIGEST_BYTES = 8  # (not a defence against forgery: it tells this rank's record from another's)
 _KIND = "zephon.round"
 ANNOUNCE = f"{_KIND}/announce"
 STATE = f"{_KIND}/state"
@@ -88,18 +89,12 @@ class Keys:
     def state(self, rid: str, rank: int) -> str:
         return f"{self.prefix}s.{rid}.{rank}"
 
-    def acks(self, rid: str) -> str:
-        return f"{self.prefix}a.{rid}."
-
-    def ack(self, rid: str, rank: int) -> str:
-        return f"{self.prefix}a.{rid}.{rank}"
-
     def probe(self, rank: int) -> str:
         return f"{self.probes}{rank}"
 
     @staticmethod
     def rank_of(key: str) -> int | None:
-        """The rank at the end of a state or ack key (None if it is not one)."""
+        """The rank at the end of a state key (None if it is not one)."""
         tail = key.rsplit(".", 1)[-1]
         return int(tail) if tail.isdigit() else None
 
@@ -163,5 +158,5 @@ def decode(blob: bytes, kind: str | None = None) -> dict[str, Any] | None:
 
 
 def digest(blob: bytes) -> bytes:
-    """The 16-byte digest a commit manifest lists for a state record."""
+    """The digest (``DIGEST_BYTES``) a commit manifest lists for a state record."""
     return hashlib.blake2b(blob, digest_size=DIGEST_BYTES).digest()

@@ -12,6 +12,7 @@ from typing import Any
 from zephon.checkpoint.rounds.context import RoundContext, RoundStats, read_decision
 from zephon.checkpoint.rounds.keys import (
     COMMIT,
+    DIGEST_BYTES,
     LEADER_RANK,
     STATE,
     Announcement,
@@ -20,8 +21,13 @@ from zephon.checkpoint.rounds.keys import (
     digest,
     encode,
 )
-from zephon.checkpoint.rounds.wait import ControlView, Deadline, PrefixFeed
-from zephon.checkpoint.stores.base import KeyHeldError, StaleRoundError
+from zephon.checkpoint.rounds.wait import (
+    LEADER_POLL_PER_RANK_S,
+    ControlView,
+    Deadline,
+    PrefixFeed,
+)
+from zephon.checkpoint.stores.base import KeyHeldError, StaleRoundError, get_many
 from zephon.errors import AggregationError, CheckpointError
 
 __all__ = ["Leader"]
@@ -36,7 +42,7 @@ class _Decided(AggregationError):
 
 class Leader:
     """Runs rank 0's rounds and keeps what must outlive one: the liveness lease, the
-    decisions not yet safe to delete, the rounds whose states or acks are left over."""
+    decisions not yet safe to delete, the rounds whose states are left over."""
 
     def __init__(self, ctx: RoundContext) -> None:
         self.ctx = ctx
@@ -45,9 +51,10 @@ class Leader:
         self.kept: list[str] = []  # decision keys (commits, notices) not yet safe to delete
         self.lease: Any = None  # the liveness key, held until close()
         self.failed: str | None = None  # the decision key of the last round, if it failed
-        self.leftovers: set[str] = set()  # round ids whose states/acks may still be stored
+        self.leftovers: set[str] = set()  # round ids whose states may still be stored
         self.replaced: set[tuple[str, int]] = set()  # earlier runs' rounds this one replaced
         self.announced: str | None = None  # the last round this leader announced
+        self.deferred: list[str] = []  # commits to delete with the next announcement
         self._gen_seen = False  # this round's generation was read back at least once
         self.last: RoundStats | None = None
 
@@ -103,8 +110,13 @@ class Leader:
         self.announced = rid  # from here on the keys are this leader's to publish and remove
         self.leftovers.add(rid)
         announce_with = getattr(ctx.store, "announce_with", None)
-        if callable(announce_with):  # etcd: the generation and the announcement in one request
-            fence = announce_with(keys.gen, rid.encode(), {keys.round: ann.encode()})
+        if callable(announce_with):
+            # etcd: the generation, the announcement and the removal of commits that no rank
+            # needs any more (see _after_commit) in one request
+            fence = announce_with(
+                keys.gen, rid.encode(), {keys.round: ann.encode()}, delete=self.deferred
+            )
+            self.deferred = []
         else:
             fence = ctx.store.announce(keys.gen, rid.encode())
             ctx.store.put(keys.round, ann.encode())
@@ -170,7 +182,7 @@ class Leader:
     def _after_commit(self, rid: str, deadline: Deadline) -> None:
         """Wait for the acks; then clean up. Nothing here fails the round: store errors
         only leave keys behind for close() or the next round."""
-        ctx, keys, n = self.ctx, self.ctx.keys, self.ctx.world_size
+        ctx, n = self.ctx, self.ctx.world_size
         try:
             missing = self._wait_acks(rid, deadline)
         except Exception as e:  # noqa: BLE001
@@ -187,22 +199,14 @@ class Leader:
                 ctx.where,
             )
             return
-        followers = [r for r in range(n) if r != LEADER_RANK]
         # Every rank has read this round's commit, so none still needs an earlier one.
         old_decisions = self.kept[:-1]
         self.kept = self.kept[-1:]
-        revision = None
-        delete_batch = getattr(ctx.store, "delete_batch", None)
-        if callable(delete_batch):  # etcd: one transaction
-            try:
-                revision = delete_batch(
-                    keys=old_decisions, prefixes=[keys.states(rid), keys.acks(rid)]
-                )
-            except Exception as e:  # noqa: BLE001
-                ctx.log.warning("%s could not clean up round %s: %s", ctx.p, rid, e)
+        if callable(getattr(ctx.store, "announce_with", None)):
+            # Deleted with the next announcement (or at close()): a write, and a pushed
+            # event to every watching follower, fewer per round.
+            self.deferred.extend(old_decisions)
         else:
-            ctx.delete_prefix_quietly(keys.states(rid), [keys.state(rid, r) for r in followers])
-            ctx.delete_prefix_quietly(keys.acks(rid), [keys.ack(rid, r) for r in followers])
             for key in old_decisions:
                 ctx.delete_quietly(key)
         self.leftovers.discard(rid)
@@ -212,10 +216,7 @@ class Leader:
         compact = getattr(ctx.store, "compact", None)
         if callable(compact):
             try:
-                if revision:
-                    compact(revision)
-                else:
-                    compact()
+                compact()
             except Exception as e:  # noqa: BLE001
                 ctx.log.warning("%s could not compact %s: %s", ctx.p, ctx.where, e)
         ctx.log.debug("%s round %s done in %.1f ms", ctx.p, rid, deadline.elapsed_ms())
@@ -259,7 +260,7 @@ class Leader:
 
     def _clear_leftover_announcement(self, watch: Any) -> None:
         """An announcement of another session is an earlier run's failed round (a job
-        restarted under the same id): its notice, states and acks can go with it."""
+        restarted under the same id): its notice and states can go with it."""
         ctx, keys = self.ctx, self.ctx.keys
         view = ControlView(ctx.store, watch, Deadline(ctx.timeout_s), 1)
         blob, gen = view.get_many([keys.round, keys.gen])
@@ -275,7 +276,7 @@ class Leader:
         for rid, world_size in found.items():
             ctx.log.debug("%s replacing round %s left by an earlier run", ctx.p, rid)
             ctx.delete_quietly(keys.decision(rid))
-            # Its states and acks go now and again after this round: followers that had
+            # Its states go now and again after this round: followers that had
             # joined it may still write there until they see the new announcement.
             self.replaced.add((rid, world_size))
         if found:
@@ -286,7 +287,6 @@ class Leader:
         for rid, world_size in sorted(self.replaced):
             followers = [r for r in range(world_size) if r != LEADER_RANK]
             ctx.delete_prefix_quietly(keys.states(rid), [keys.state(rid, r) for r in followers])
-            ctx.delete_prefix_quietly(keys.acks(rid), [keys.ack(rid, r) for r in followers])
 
     def _collect(
         self,
@@ -304,12 +304,12 @@ class Leader:
             )
         self._check_state(rid, LEADER_RANK, own, ref)
         states: list[Any] = [None] * n
-        digests = [b"\x00" * 16] * n
+        digests = [b"\x00" * DIGEST_BYTES] * n
         states[LEADER_RANK] = own
         digests[LEADER_RANK] = digest(own_blob)
         missing = {r for r in range(n) if r != LEADER_RANK}
         feed = PrefixFeed(ctx.store, watch, keys.states(rid), [keys.state(rid, r) for r in missing])
-        view = ControlView(ctx.store, watch, deadline, n)
+        view = ControlView(ctx.store, watch, deadline, n, LEADER_POLL_PER_RANK_S)
         self._gen_seen = False
         while True:
             changes = watch.drain() if view.pushed else None
@@ -458,22 +458,35 @@ class Leader:
         )
 
     def _wait_acks(self, rid: str, deadline: Deadline) -> list[int]:
+        """The followers whose state key is still there at the deadline (a follower
+        acknowledges the commit by deleting its state)."""
         ctx, keys, n = self.ctx, self.ctx.keys, self.ctx.world_size
-        missing = {r for r in range(n) if r != LEADER_RANK}
-        if not missing:
+        remaining = {keys.state(rid, r): r for r in range(n) if r != LEADER_RANK}
+        if not remaining:
             return []
         watch = ctx.watch(keys.prefix)
-        feed = PrefixFeed(ctx.store, watch, keys.acks(rid), [keys.ack(rid, r) for r in missing])
-        view = ControlView(ctx.store, watch, deadline, n)
-        want = rid.encode()
-        while True:
-            changes = watch.drain() if view.pushed else None
-            for key, value in feed.poll(changes).items():
-                r = Keys.rank_of(key)
-                if r in missing and value == want:
-                    missing.discard(r)
-            if not missing or not view.sleep():
-                return sorted(missing)
+        view = ControlView(ctx.store, watch, deadline, n, LEADER_POLL_PER_RANK_S)
+        can_list = callable(getattr(ctx.store, "list_keys", None))
+        if view.pushed:  # what was deleted before this wait is already out of the copy
+            for key in [k for k in remaining if watch.get(k) is None]:
+                del remaining[key]
+        while remaining:
+            if view.pushed:
+                for key, value in watch.drain().items():
+                    if value is None:
+                        remaining.pop(key, None)
+            elif can_list:
+                present = set(ctx.store.list_keys(keys.states(rid)))
+                for key in [k for k in remaining if k not in present]:
+                    del remaining[key]
+            else:
+                names = list(remaining)
+                for key, value in zip(names, get_many(ctx.store, names), strict=True):
+                    if value is None:
+                        del remaining[key]
+            if not remaining or not view.sleep():
+                break
+        return sorted(remaining.values())
 
     def _fail(self, rid: str, error: BaseException) -> None:
         """Publish the failure notice (the round's decision: an abort), so followers fail
@@ -522,18 +535,18 @@ class Leader:
             self.lease = None
         keep = set() if self.failed is None else {self.failed, keys.round}
         mine = [keys.gen, keys.round] if self.announced is not None else []
-        for key in [*self.kept, *mine]:
+        for key in [*self.deferred, *self.kept, *mine]:
             if key not in keep:
                 ctx.delete_quietly(key)
         followers = [r for r in range(n) if r != LEADER_RANK]
         for rid in sorted(self.leftovers):
             ctx.delete_prefix_quietly(keys.states(rid), [keys.state(rid, r) for r in followers])
-            ctx.delete_prefix_quietly(keys.acks(rid), [keys.ack(rid, r) for r in followers])
         self._sweep_replaced()
         self.replaced.clear()
         if self.announced is not None:
             ctx.delete_prefix_quietly(keys.probes, [keys.probe(r) for r in range(n)])
         self.kept = [k for k in self.kept if k in keep]
+        self.deferred = []
         self.leftovers.clear()
         ctx.close_watch()
 

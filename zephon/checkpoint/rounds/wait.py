@@ -1,24 +1,36 @@
 """How a round waits: one time budget, backoff, and reads that the store pushes where it
 can (etcd watches) and that are polled where it cannot (a directory, TCPStore, JAX).
 
-Polling backs off from the store's ``poll_interval_s`` to the larger of its
-``poll_max_interval_s`` and ``world_size * POLL_PER_RANK_S``, so that however many ranks
-wait, together they read the store at most about ``1 / POLL_PER_RANK_S`` (20,000) times a
-second once they have backed off; at 8 ranks that is the store's own cap (5 ms for a
-local directory), at 1,024 ranks 51 ms.
+Polling is sized by the world size, so that however many ranks wait, together they read
+the store about as often: a follower backs off to the larger of the store's
+``poll_max_interval_s`` and ``world_size * FOLLOWER_POLL_PER_RANK_S`` (all followers
+together then poll about ``1 / FOLLOWER_POLL_PER_RANK_S`` = 2,500 times a second), starting
+from an eighth of that; at 8 ranks that is the store's own cap (5 ms for a local directory),
+at 1,024 ranks 0.41 s, which is also about how late a follower sees the commit. The leader,
+one rank, polls at the store's pace up to ``world_size * LEADER_POLL_PER_RANK_S`` (20 ms at
+1,024 ranks: it lists the states directory, which grows with the world).
 """
 
 from __future__ import annotations
 
 import contextlib
+import random
 import time
 from typing import Any
 
 from zephon.checkpoint.stores.base import get_many, poll_delays
 
-__all__ = ["POLL_PER_RANK_S", "ControlView", "Deadline", "Poller", "PrefixFeed"]
+__all__ = [
+    "FOLLOWER_POLL_PER_RANK_S",
+    "LEADER_POLL_PER_RANK_S",
+    "ControlView",
+    "Deadline",
+    "Poller",
+    "PrefixFeed",
+]
 
-POLL_PER_RANK_S = 50e-6
+FOLLOWER_POLL_PER_RANK_S = 400e-6
+LEADER_POLL_PER_RANK_S = 20e-6
 #: a rank that waits on a watch still wakes this often (to check its budget and its
 #: leader's grace period); those wakes send no request
 WATCH_WAKE_S = 0.25
@@ -44,20 +56,33 @@ class Deadline:
 
 
 class Poller:
-    """Sleeps between polls, backing off as far as the store allows, never past the deadline."""
+    """Sleeps between polls, backing off as far as the store allows, never past the deadline.
 
-    def __init__(self, store: Any, deadline: Deadline, world_size: int = 1) -> None:
+    ``per_rank_s`` times ``world_size`` raises the store's cap (see the module docstring);
+    the first interval is the store's, or an eighth of a raised cap.
+    """
+
+    def __init__(
+        self, store: Any, deadline: Deadline, world_size: int = 1, per_rank_s: float = 0.0
+    ) -> None:
         first = float(store.poll_interval_s)
-        cap = max(float(getattr(store, "poll_max_interval_s", first)), world_size * POLL_PER_RANK_S)
-        self._delays = poll_delays(first, max(first, cap))
+        store_cap = float(getattr(store, "poll_max_interval_s", first))
+        cap = max(first, store_cap, world_size * per_rank_s)
+        if cap > store_cap:
+            first = max(first, cap / 8)
+        self.cap_s = cap
+        self._delays = poll_delays(first, cap)
         self._deadline = deadline
+        self._jitter = random.Random()
 
     def sleep(self) -> bool:
-        """Sleep one poll interval; False (without sleeping) once the budget is spent."""
+        """Sleep one poll interval (give or take a fifth, so that ranks which started
+        together do not all wake together); False (without sleeping) once the budget is
+        spent."""
         remaining = self._deadline.remaining()
         if remaining <= 0:
             return False
-        time.sleep(min(next(self._delays), remaining))
+        time.sleep(min(next(self._delays) * (0.8 + 0.4 * self._jitter.random()), remaining))
         return True
 
 
@@ -84,11 +109,23 @@ class ControlView:
     """A follower's (or the leader's) reads of a few control keys while it waits: from the
     watch's local copy while the watch is healthy (no request), else from the store."""
 
-    def __init__(self, store: Any, watch: Any, deadline: Deadline, world_size: int) -> None:
+    def __init__(
+        self,
+        store: Any,
+        watch: Any,
+        deadline: Deadline,
+        world_size: int,
+        per_rank_s: float = FOLLOWER_POLL_PER_RANK_S,
+    ) -> None:
         self.store = store
         self.watch = watch
         self.deadline = deadline
-        self._poller = Poller(store, deadline, world_size)
+        self._poller = Poller(store, deadline, world_size, per_rank_s)
+
+    @property
+    def interval_s(self) -> float:
+        """The longest this view waits between two looks at the store."""
+        return WATCH_WAKE_S if _healthy(self.watch) else self._poller.cap_s
 
     @property
     def pushed(self) -> bool:
