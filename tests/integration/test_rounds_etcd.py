@@ -167,7 +167,9 @@ def test_two_jobs_or_two_pipelines_in_one_namespace_never_mix(etcd, a, b):
     try:
         for step in range(3):
             threads = [
-                threading.Thread(target=lambda m=m: results[m].append(run(jobs[m], step, m)))
+                threading.Thread(
+                    target=lambda m=m, step=step: results[m].append(run(jobs[m], step, m))
+                )
                 for m in "AB"
             ]
             for t in threads:
@@ -270,3 +272,49 @@ def test_etcd_history_is_compacted_after_each_round(etcd):
         probe.close()
         for a in aggs:
             a.close()
+
+
+def test_with_a_blob_location_states_never_enter_etcd(etcd, tmp_path):
+    """``etcd://...?blobs=DIR``: the states (and their deletions, the acks) go to the
+    directory; etcd sees only the coordination keys, and followers send etcd nothing."""
+    from zephon.checkpoint.aggregate import Aggregator
+    from zephon.checkpoint.stores import open_store
+
+    n = 5
+    namespace = uuid.uuid4().hex
+    url = f"{etcd.url}/{namespace}?blobs={tmp_path}"
+    seen: dict[str, list[str]] = {}
+
+    def spying_merge(states: list[dict]) -> dict:
+        seen["etcd"] = _etcd_keys(etcd.url, namespace)
+        seen["blobs"] = sorted(os.listdir(tmp_path / namespace))
+        return merge(states)
+
+    aggs = [
+        Aggregator(
+            open_store(aggregate_store=url),
+            rank=r,
+            world_size=n,
+            timeout_s=60.0,
+            expected_lanes=lanes_of,
+            merge=spying_merge,
+            job_id="blobs",
+        )
+        for r in range(n)
+    ]
+    try:
+        for step in range(2):
+            out = run(aggs, step)
+            assert [x["lane"] for x in out[0]["lanes"]] == list(range(n))
+            assert all(
+                out[r]["lanes"] == [{"lane": r, "step": step, "mark": ""}] for r in range(1, n)
+            )
+        assert len([k for k in seen["blobs"] if ".s." in k]) == n - 1, seen
+        assert not [k for k in seen["etcd"] if ".s." in k], seen
+        for a in aggs[1:]:
+            assert a.last_round.requests == 2  # its state, its ack: both in the directory
+    finally:
+        for a in aggs:
+            a.close()
+    assert _etcd_keys(etcd.url, namespace) == []
+    assert os.listdir(tmp_path / namespace) == []

@@ -44,8 +44,11 @@ def open_store(
 
     Args:
         aggregate_dir: a local or shared directory, or an fsspec URL (``s3://b/dir``).
-        aggregate_store: ``"etcd://host:port[,host:port...]"``, ``"jax://"`` (the running
-            ``jax.distributed`` service) or ``"torch://"`` (torchrun's TCPStore).
+        aggregate_store: ``"etcd://host:port[,host:port...][/namespace][?blobs=DIR]"``
+            (``blobs``: a directory or fsspec URL for the ranks' states, etcd keeping only
+            the coordination keys; see :mod:`zephon.checkpoint.stores.split`), ``"jax://"``
+            (the running ``jax.distributed`` service) or ``"torch://"`` (torchrun's
+            TCPStore).
         namespace: a prefix under which the rounds' keys live (rounds of different jobs and
             pipelines are kept apart inside it by job id and fingerprint).
 
@@ -69,13 +72,21 @@ def open_store(
             f" got {aggregate_store!r} (use aggregate_dir= for a directory or fsspec URL)"
         )
     if scheme == "etcd":
+        url, _, query = aggregate_store.partition("?")
+        rest = rest.partition("?")[0]
         if not rest.split("/", 1)[0].strip(", "):
             raise ValueError(f"aggregate_store {aggregate_store!r} names no etcd endpoint")
+        blobs = _blobs_of(query, aggregate_store)
         cls = _backend("etcd", "EtcdStore", aggregate_store, "zephon[etcd]")
         if "/" in rest.strip("/"):  # "etcd://h:p/job7": the URL names the namespace
-            store: Store = cls.from_url(aggregate_store)
-            return store
-        store = cls.from_url(aggregate_store, namespace=namespace)
+            store: Store = cls.from_url(url)
+            namespace = store.namespace.strip("/")  # type: ignore[attr-defined]
+        else:
+            store = cls.from_url(url, namespace=namespace)
+        if blobs is not None:
+            from zephon.checkpoint.stores.split import SplitStore
+
+            return SplitStore(store, DirectoryStore(blobs, namespace.replace("/", "-")))
         return store
     if scheme == "jax":
         store = _backend("jax_store", "JaxStore", aggregate_store, "zephon[jax]")(
@@ -84,6 +95,22 @@ def open_store(
         return store
     store = _backend("torch_store", "TorchStore", aggregate_store, "torch")(namespace=namespace)
     return store
+
+
+def _blobs_of(query: str, url: str) -> str | None:
+    """The ``blobs=`` location of an etcd URL's query (``?blobs=/shared/dir``), or None."""
+    if not query:
+        return None
+    from urllib.parse import parse_qs
+
+    params = parse_qs(query, keep_blank_values=True)
+    unknown = sorted(set(params) - {"blobs"})
+    if unknown or not params.get("blobs", [""])[0]:
+        raise ValueError(
+            f"aggregate_store {url!r}: the only option is blobs=<directory or fsspec URL>"
+            f" (where the ranks' states go, etcd keeping the coordination keys); got {query!r}"
+        )
+    return params["blobs"][0]
 
 
 def _backend(module: str, name: str, url: str, extra: str) -> Any:
