@@ -1,6 +1,6 @@
-"""Builds the native parts (native/): the shared-memory ring as ``zephon._ring`` and the
-work sources' Feistel permutation as ``zephon._permute``, and the drop phase of a restore's
-replay by length as ``zephon._pack``.
+"""Builds the native parts (native/): the shared-memory ring as ``zephon._ring``, the work
+sources' Feistel permutation as ``zephon._permute``, pack's placement as ``zephon._pack`` and
+the tracker's count of delivered pieces as ``zephon._track``.
 
 Everything else about the package lives in pyproject.toml.
 """
@@ -18,6 +18,11 @@ setup(
         Extension(
             "zephon._pack",
             sources=["native/pack_module.c"],
+            extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Werror"],
+        ),
+        Extension(
+            "zephon._track",
+            sources=["native/track_module.c"],
             extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Werror"],
         ),
         Extension(

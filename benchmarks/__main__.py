@@ -10,6 +10,10 @@ Questions (one script each, also runnable alone as ``python -m benchmarks.<modul
     q5  elastic           restore into other worker / rank counts; what Grain does
     q6  transport         worker -> parent transport: ring vs Queue vs segment per array
     q7  round_latency     multi-rank checkpoint round latency, directory and etcd
+    q8  ring_depth        worker ring depth x consumer prefetch: the defaults' share of the best
+    q9  many_lanes        one rank owning thousands of lanes (elastic shrink) against 8
+    q10 worker_memory     a 500 MB in-memory dataset with 2 workers: summed PSS, first batch
+    q11 many_components   mixtures of 2 to 1,000 components: next_chunk, memory, throughput
 
 Each writes ``<results>/<module>.json`` (rows plus the machine, package versions and date)
 and, where it has one, ``<results>/<module>.png``; this runner also writes
@@ -35,6 +39,10 @@ QUESTIONS: dict[str, tuple[str, str]] = {
     "q5": ("elastic", "elastic resume"),
     "q6": ("transport", "worker transport"),
     "q7": ("round_latency", "checkpoint round latency"),
+    "q8": ("ring_depth", "worker ring depth and prefetch"),
+    "q9": ("many_lanes", "one rank owning many lanes"),
+    "q10": ("worker_memory", "in-memory dataset with workers: memory, first batch"),
+    "q11": ("many_components", "mixtures of many components"),
 }
 # Scripts that compare with Grain and accept --no-grain.
 _GRAIN = {"q1", "q2", "q4", "q5"}

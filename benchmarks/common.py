@@ -77,20 +77,25 @@ def _proc_cpu_s(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / _CLK_TCK
 
 
+def descendant_pids(pid: int | None = None) -> list[int]:
+    """Every live descendant process of ``pid`` (this process by default)."""
+    stack = _proc_children(os.getpid() if pid is None else pid)
+    seen: list[int] = []
+    while stack:
+        child = stack.pop()
+        if child not in seen:
+            seen.append(child)
+            stack.extend(_proc_children(child))
+    return seen
+
+
 def descendant_cpu() -> dict[int, float]:
     """CPU seconds so far of every live descendant process of this process, by pid."""
     result: dict[int, float] = {}
-    stack = _proc_children(os.getpid())
-    seen: set[int] = set()
-    while stack:
-        pid = stack.pop()
-        if pid in seen:
-            continue
-        seen.add(pid)
+    for pid in descendant_pids():
         cpu = _proc_cpu_s(pid)
         if cpu is not None:
             result[pid] = cpu
-        stack.extend(_proc_children(pid))
     return result
 
 

@@ -120,3 +120,42 @@ def share_plot(
     fig.suptitle(title)
     fig.tight_layout(rect=(0, 0.12, 1, 1))
     return _save(fig, plt, path)
+
+
+def share_error_plot(
+    path: str | os.PathLike[str],
+    series: Mapping[str, Sequence[Sequence[float]]],
+    targets: Sequence[float],
+    component_names: Sequence[str],
+    *,
+    window: int,
+    band_pp: float,
+    title: str,
+) -> Path | None:
+    """Per-component error of the share over sliding windows, in percentage points: one
+    panel per component, one line per approach (``series[name][w][c]``: share of component c
+    in window w), a shaded band of ``±band_pp``."""
+    plt = _pyplot()
+    if plt is None:
+        return None
+    n = len(component_names)
+    fig, axes = plt.subplots(1, n, figsize=(4.8 * n, 3.8), squeeze=False, sharey=True)
+    for c, ax in enumerate(axes.flat):
+        ax.axhspan(-band_pp, band_pp, color="0.9", label=f"±{band_pp:g} pp")
+        for name, shares in series.items():
+            ax.plot(
+                range(len(shares)),
+                [100 * (s[c] - targets[c]) for s in shares],
+                label=name,
+                linewidth=1.0,
+            )
+        ax.axhline(0, color="black", linewidth=0.8)
+        ax.set_title(f"{component_names[c]} (target {targets[c]:g})")
+        ax.set_xlabel(f"window start (batch), windows of {window} batches")
+        ax.grid(True, alpha=0.3)
+    axes.flat[0].set_ylabel("token share - target (pp)")
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(3, len(labels)), fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout(rect=(0, 0.16, 1, 1))
+    return _save(fig, plt, path)

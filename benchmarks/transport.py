@@ -31,10 +31,11 @@ def _touch(a: np.ndarray) -> int:
 
 
 # ----------------------------------------------------------------------------- producers
-def _ring_producer(name: str, nbytes: int, count: int) -> None:
-    from zephon.shm import ShmRing
+def _ring_producer(conn: Any, nbytes: int, count: int) -> None:
+    from zephon.shm import ShmRing, recv_fds
 
-    ring = ShmRing.attach(name)
+    (fd,) = recv_fds(conn)  # the ring's descriptor, as Zephon's workers get theirs
+    ring = ShmRing.attach(fd)
     src = np.arange(nbytes // 4, dtype=np.int32)
     for _ in range(count):
         slot = ring.reserve(timeout_s=30)
@@ -66,9 +67,14 @@ def run_ring(nbytes: int, count: int, zero_copy: bool) -> float:
     from zephon.shm import ShmRing
 
     ctx = mp.get_context("spawn")
+    from zephon.shm import send_fds
+
     ring = ShmRing.create(8, nbytes + (64 << 10))
-    proc = ctx.Process(target=_ring_producer, args=(ring.name, nbytes, count))
+    parent_end, child_end = ctx.Pipe(duplex=True)
+    proc = ctx.Process(target=_ring_producer, args=(child_end, nbytes, count))
     proc.start()
+    child_end.close()
+    send_fds(parent_end, [ring.fileno()])
     try:
         msg = ring.get(timeout_s=60, zero_copy=zero_copy)  # first message: start the clock
         _touch(msg.arrays[0])
@@ -82,7 +88,7 @@ def run_ring(nbytes: int, count: int, zero_copy: bool) -> float:
     finally:
         proc.join(timeout=10)
         ring.close()
-        ring.unlink()
+        parent_end.close()
 
 
 def run_queue(nbytes: int, count: int) -> float:

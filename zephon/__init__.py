@@ -9,8 +9,11 @@ from zephon.errors import (
     AggregationError,
     CheckpointError,
     ContractViolation,
+    LengthIndexError,
+    PipelineClosedError,
     RingError,
     ShmError,
+    TransferError,
     WorkerError,
     ZephonError,
 )
@@ -27,7 +30,14 @@ from zephon.records import (
 from zephon.sources import ArraySource, HFSource, JsonlSource, ParquetSource, TokenFileSource
 from zephon.tokenizer_adapters import HFTokenizer, SentencePieceTokenizer
 from zephon.tokenizers import ByteTokenizer
-from zephon.work_sources import StaticMixtureWorkSource, WorkSource
+from zephon.work_sources import (
+    MixtureChange,
+    Schedule,
+    StaticMixtureWorkSource,
+    WorkSource,
+    build_length_index,
+    open_length_index,
+)
 
 __version__ = "0.1.0"
 
@@ -43,24 +53,31 @@ __all__ = [
     "HFSource",
     "HFTokenizer",
     "JsonlSource",
+    "LengthIndexError",
+    "MixtureChange",
     "OpTraits",
     "Operator",
     "ParquetSource",
     "Pipeline",
+    "PipelineClosedError",
     "Record",
     "RingError",
     "SampleCursor",
+    "Schedule",
     "SamplePointer",
     "SentencePieceTokenizer",
     "ShmError",
     "StaticMixtureWorkSource",
     "TokenFileSource",
     "Tombstone",
+    "TransferError",
     "WorkChunk",
     "WorkSource",
     "WorkerError",
     "ZephonError",
     "__version__",
+    "build_length_index",
     "load",
+    "open_length_index",
     "save",
 ]

@@ -59,3 +59,188 @@ def describe_callable(fn: Any) -> str:
             h.update(b"<empty>")
     name = f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', '?')}"
     return f"{name}#{h.hexdigest()[:16]}"
+
+
+# ------------------------------------------------------------------ fingerprint parts
+#
+# Beside the overall fingerprint a checkpoint carries a small flat map ``part -> text``, so
+# that a mismatch can say which part differs. Parts are ``canonical_replicas``,
+# ``flush_every_k_chunks``, ``source.<key>`` (the work source's config), ``components``
+# and ``component.<c>.<property>`` (``name``, ``length``, ``weight``,
+# ``identity.<key>``), ``ops`` and ``op.<i>`` (the operator's name) and
+# ``op.<i>.<parameter>``. A text longer than ``PART_TEXT_CHARS`` is stored as its start,
+# ``…#`` and 16 hex digits of its sha256, so the map stays small whatever the values.
+
+PART_TEXT_CHARS = 48
+_KEPT_CHARS = PART_TEXT_CHARS - 18
+_PER_COMPONENT = {
+    "names": "name",
+    "lengths": "length",
+    "weights": "weight",
+    "identities": "identity",
+}
+_MAX_REPORTED = 8  # differences named in one message; the rest are counted
+
+
+def short_text(text: str) -> str:
+    """``text`` itself when short, else its start, ``…#`` and a digest of all of it."""
+    if len(text) <= PART_TEXT_CHARS:
+        return text
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return f"{text[:_KEPT_CHARS]}…#{digest}"
+
+
+def call_parameters(text: str, positional: tuple[str, ...] = ()) -> dict[str, str]:
+    """The arguments of a description written as a call: ``"Pack(seq_len=16, num_bins=2)"``
+    -> ``{"seq_len": "16", "num_bins": "2"}``. Positional arguments take the names in
+    ``positional``, then ``arg1``, ``arg2``, ...; a text that is not a call is one part,
+    ``{"definition": text}``."""
+    open_at = text.find("(")
+    if open_at <= 0 or not text.endswith(")") or not text[:open_at].isidentifier():
+        return {"definition": text}
+    args: list[str] = []
+    depth, quote, start, i = 0, "", open_at + 1, open_at + 1
+    inner_end = len(text) - 1
+    while i < inner_end:
+        ch = text[i]
+        if quote:
+            if ch == "\\":
+                i += 1
+            elif ch == quote:
+                quote = ""
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            args.append(text[start:i])
+            start = i + 1
+        i += 1
+    if depth != 0 or quote:
+        return {"definition": text}
+    args.append(text[start:inner_end])
+    params: dict[str, str] = {}
+    n_positional = 0
+    for arg in (a.strip() for a in args):
+        if not arg:
+            continue
+        key, eq, value = arg.partition("=")
+        if eq and key.strip().isidentifier() and not value.startswith("="):
+            params[key.strip()] = value.strip()
+        else:
+            name = (
+                positional[n_positional]
+                if n_positional < len(positional)
+                else f"arg{n_positional + 1}"
+            )
+            params[name] = arg
+            n_positional += 1
+    return params
+
+
+def fingerprint_parts(
+    source_config: Any, canonical_replicas: int, flush_every_k_chunks: int, ops: Any
+) -> dict[str, str]:
+    """The part map of a pipeline definition (see the comment above)."""
+    parts = {
+        "canonical_replicas": str(canonical_replicas),
+        "flush_every_k_chunks": str(flush_every_k_chunks),
+    }
+    if isinstance(source_config, dict):
+        names = source_config.get("names")
+        if isinstance(names, list):
+            parts["components"] = str(len(names))
+        for key, value in source_config.items():
+            prop = _PER_COMPONENT.get(key)
+            if prop is None or not isinstance(value, list):
+                parts[f"source.{key}"] = short_text(repr(value))
+                continue
+            for c, item in enumerate(value):
+                if isinstance(item, dict):
+                    for k, v in item.items():
+                        parts[f"component.{c}.{prop}.{k}"] = short_text(repr(v))
+                else:
+                    parts[f"component.{c}.{prop}"] = short_text(repr(item))
+    else:
+        parts["source"] = short_text(str(source_config))
+    parts["ops"] = str(len(ops))
+    for i, op in enumerate(ops):
+        parts[f"op.{i}"] = short_text(str(op.name))
+        for key, text in op.fingerprint_parts().items():
+            parts[f"op.{i}.{key}"] = short_text(str(text))
+    return parts
+
+
+def _op_names(parts: dict[str, str]) -> str:
+    n = int(parts["ops"]) if parts.get("ops", "").isdigit() else 0
+    return ", ".join(parts.get(f"op.{i}", "?") for i in range(n))
+
+
+def _component_names(parts: dict[str, str]) -> str:
+    n = int(parts["components"]) if parts.get("components", "").isdigit() else 0
+    return ", ".join(parts.get(f"component.{c}.name", "?") for c in range(n))
+
+
+def _label(key: str, mine: dict[str, str], saved: dict[str, str]) -> str:
+    if key == "flush_every_k_chunks":
+        return "flush_every_k_chunks (the flush cadence)"
+    head, _, rest = key.partition(".")
+    if head == "source" and rest:
+        return f"work source {rest}"
+    if head == "component" and rest:
+        c, _, prop = rest.partition(".")
+        if prop == "name":
+            return f"component {c} name"
+        name = mine.get(f"component.{c}.name") or saved.get(f"component.{c}.name", "?")
+        if prop.startswith("identity."):
+            return f"component {c} ({name}) content identity {prop[len('identity.') :]}"
+        return f"component {c} ({name}) {prop}"
+    if head == "op" and rest:
+        i, _, param = rest.partition(".")
+        if not param:
+            return f"operator {i}"
+        return f"operator {i} ({mine.get(f'op.{i}', '?')}) parameter {param}"
+    return key
+
+
+def describe_differences(
+    saved: dict[str, str],
+    mine: dict[str, str],
+    theirs: str = "the checkpoint",
+    ours: str = "this pipeline",
+) -> list[str]:
+    """What differs between a checkpoint's part map and this pipeline's, in words, most
+    telling first; ``[]`` when the maps agree. ``theirs`` and ``ours`` name the two sides."""
+    out: list[str] = []
+    skip: list[str] = []
+    if saved.get("ops") != mine.get("ops"):
+        out.append(
+            f"{theirs} has {saved.get('ops', '?')} operators ({_op_names(saved)}), {ours} has "
+            f"{mine.get('ops', '?')} ({_op_names(mine)})"
+        )
+        skip.append("op.")
+    if saved.get("components") != mine.get("components"):
+        out.append(
+            f"{theirs} has {saved.get('components', '?')} components "
+            f"({_component_names(saved)}), {ours} has {mine.get('components', '?')} "
+            f"({_component_names(mine)})"
+        )
+        skip.append("component.")
+    keys = list(mine) + [k for k in saved if k not in mine]
+    for key in keys:
+        if key in ("ops", "components") or any(key.startswith(p) for p in skip):
+            continue
+        a, b = saved.get(key), mine.get(key)
+        if a == b:
+            continue
+        out.append(
+            f"{_label(key, mine, saved)}: {theirs} has {a if a is not None else '(nothing)'}, "
+            f"{ours} has {b if b is not None else '(nothing)'}"
+        )
+        if key.startswith("op.") and key.count(".") == 1:
+            skip.append(key + ".")  # another operator here: its parameters say nothing more
+    if len(out) > _MAX_REPORTED:
+        out = [*out[:_MAX_REPORTED], f"and {len(out) - _MAX_REPORTED} more"]
+    return out

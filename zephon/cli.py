@@ -1,4 +1,4 @@
-"""``zephon demo | bench | inspect``."""
+"""``zephon demo | bench | inspect | lengths``."""
 
 from __future__ import annotations
 
@@ -154,6 +154,62 @@ def inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tokenizer(spec: str) -> Any:
+    """``byte``, or a tokenizer file: a Hugging Face ``tokenizer.json`` or a sentencepiece
+    ``.model``, with their default settings (the pipeline's tokenizer must be the same)."""
+    import zephon as zp
+
+    if spec == "byte":
+        return zp.ByteTokenizer()
+    if spec.endswith(".json"):
+        return zp.HFTokenizer(spec)
+    if spec.endswith(".model"):
+        return zp.SentencePieceTokenizer(spec)
+    raise ValueError(
+        f"--tokenizer must be 'byte', a tokenizer.json or a sentencepiece .model file; got {spec!r}"
+    )
+
+
+def lengths(args: argparse.Namespace) -> int:
+    """``zephon lengths DATA --tokenizer ...``: a length index beside the data."""
+    import zephon as zp
+    from zephon.work_sources.lengths import PARTIAL, default_index_path
+
+    fmt = args.format or ("parquet" if args.data[0].endswith(".parquet") else "jsonl")
+    try:
+        tokenizer = _tokenizer(args.tokenizer)
+        if fmt == "parquet":
+            ds: Any = zp.ParquetSource(args.data, field=args.field)
+        else:
+            ds = zp.JsonlSource(args.data, field=args.field)
+        target = args.out or default_index_path(ds, tokenizer)
+    except (OSError, ValueError, ImportError) as e:
+        print(f"zephon lengths: {e}", file=sys.stderr)
+        return 2
+    resuming = os.path.exists(target + PARTIAL)
+    t0 = time.perf_counter()
+    try:
+        zp.build_length_index(ds, tokenizer, target, progress=not args.quiet)
+    except KeyboardInterrupt:
+        print(
+            f"\nzephon lengths: interrupted; {target}{PARTIAL} keeps what was counted: run the "
+            "same command again to resume",
+            file=sys.stderr,
+        )
+        return 130
+    except (OSError, ValueError) as e:
+        print(f"zephon lengths: {e}", file=sys.stderr)
+        return 1
+    counts = zp.open_length_index(ds, tokenizer, target)
+    total = int(counts.sum(dtype=np.int64))
+    mean = total / len(counts) if len(counts) else 0.0
+    print(
+        f"{target}: {len(counts):,} samples, {total:,} tokens (mean {mean:,.1f}) with "
+        f"{tokenizer!r}{' (resumed)' if resuming else ''} in {time.perf_counter() - t0:.1f} s"
+    )
+    return 0
+
+
 def bench(argv: list[str]) -> int:
     """``zephon bench [args]``: the suite in ``benchmarks/`` of a source checkout."""
     if os.path.isfile(os.path.join("benchmarks", "__main__.py")) and os.getcwd() not in sys.path:
@@ -170,7 +226,41 @@ def bench(argv: list[str]) -> int:
     return int(bench_main(argv) or 0)
 
 
+#: The exit status when the reader of stdout went away (``zephon inspect f | head``): what a
+#: shell reports for a command that SIGPIPE ended, as ``cat`` or ``grep`` would be.
+EXIT_BROKEN_PIPE = 128 + 13
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run a subcommand; returns its exit status.
+
+    When stdout is a pipe whose reader has gone (``zephon inspect --json f | head``), the
+    command stops quietly with :data:`EXIT_BROKEN_PIPE` instead of a traceback.
+    """
+    try:
+        status = _main(argv)
+        sys.stdout.flush()  # a closed pipe shows here, not at exit where it cannot be caught
+    except BrokenPipeError:
+        _discard_stdout()
+        return EXIT_BROKEN_PIPE
+    return status
+
+
+def _discard_stdout() -> None:
+    """Point stdout's descriptor at /dev/null, so that the interpreter's final flush of what
+    is still buffered does not fail again (and print a traceback) at exit."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # replaced by a non-file (tests, tools)
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+
+
+def _main(argv: list[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["bench"]:  # its options belong to the suite, not to this parser
         return bench(argv[1:])
@@ -199,6 +289,26 @@ def main(argv: list[str] | None = None) -> int:
     i.add_argument("path")
     i.add_argument("--json", action="store_true")
     i.set_defaults(fn=inspect)
+    ln = sub.add_parser(
+        "lengths",
+        help="count every sample's tokens once and store them beside the data (the length "
+        "index that token-weighted mixtures read)",
+    )
+    ln.add_argument("data", nargs="+", help="the dataset's JSON-lines or Parquet file(s)")
+    ln.add_argument(
+        "--tokenizer",
+        required=True,
+        help="the pipeline's tokenizer: 'byte', a tokenizer.json or a sentencepiece .model",
+    )
+    ln.add_argument(
+        "--field", default=None, help="the text field, as JsonlSource/ParquetSource(field=...)"
+    )
+    ln.add_argument(
+        "--format", choices=("jsonl", "parquet"), default=None, help="default: from the suffix"
+    )
+    ln.add_argument("--out", default=None, help="default: DATA.lengths-<tokenizer>.zlen")
+    ln.add_argument("--quiet", action="store_true", help="no progress bar")
+    ln.set_defaults(fn=lengths)
     sub.add_parser(
         "bench", help="run the benchmark suite (from a source checkout; --help for its options)"
     )

@@ -1,16 +1,18 @@
-"""Operators to a plan: eviction mode, flush cadence, replay-filter placement, stages.
+"""Operators to a plan: eviction mode, flush cadence, replay-filter placement, and what runs.
 
-The compiler decides three things from the operators' traits:
+The compiler decides from the operators' traits:
 
 * eviction: ``monotone`` when every operator preserves cursor order, ``epoch`` otherwise;
 * ``flush_every_k_chunks``: ``None`` means 4 for epoch mode and 0 for monotone; an explicit
   0 on an epoch pipeline is an error, an explicit positive value on a monotone one is forced
   to 0 with a warning (sentinels would perturb batch boundaries for nothing);
-* where the replay filter goes: right before ``batch``, else at the tail.
+* where the replay filter goes: right before ``batch``, else at the tail;
 
-Stages group consecutive operators by mode: order-preserving stateless operators run in
-``microbatches`` (a chunk at a time, on threads when their parallelism asks for it);
-history-dependent ones in ``stream_items``.
+and what the runners execute (:meth:`Plan.build`): a head that turns a work chunk into
+records (reading its samples when the pipeline starts with a built-in ``fetch`` on one
+thread) and one step per operator, except where ``[tokenize ->] split -> pack`` on
+``"tokens"`` run as one fused stage (:class:`~zephon.stages.split_pack.SplitPack`), which
+the replay filter lets know which lanes are replaying. ``explain()`` prints exactly that.
 """
 
 from __future__ import annotations
@@ -19,7 +21,11 @@ import warnings
 from dataclasses import dataclass
 
 from zephon.operators.base import Operator
+from zephon.operators.fetch import Fetch
 from zephon.replay import ReplayFilter
+from zephon.stages.base import ReplayView, Step, operator_step
+from zephon.stages.read import ReadChunks
+from zephon.stages.split_pack import SplitPack, fusable
 from zephon.tracking import EPOCH, MONOTONE
 
 DEFAULT_FLUSH_EVERY_K_CHUNKS = 4
@@ -28,32 +34,53 @@ STREAM_ITEMS = "stream_items"
 
 
 @dataclass
-class Stage:
-    index: int
-    place: str
-    runner: str
-    cap: int
-    mode: str
-    ops: list[Operator]
-
-
-@dataclass
 class Plan:
+    """A compiled pipeline: its operators (the replay filter included) and what runs.
+
+    Attributes:
+        ops: the operators, the replay filter at ``filter_index``.
+        reads: the head reads each chunk's samples with ``ops[0]`` (a built-in fetch on
+            this thread); otherwise records of pointers go to ``ops[0]``.
+        fused: ``(first, count)`` of each run of operators one fused stage stands for.
+    """
+
     ops: list[Operator]
-    stages: list[Stage]
     eviction: str
     flush_every_k_chunks: int
     filter_index: int
-    in_q: int
-    stage_out: int
-    final_prefetch: int
+    reads: bool
+    fused: tuple[tuple[int, int], ...]
     workers: int
+    prefetch: int
+    ring_slots: int
+    chunk_size: int
 
     @property
     def replay_filter(self) -> ReplayFilter:
         op = self.ops[self.filter_index]
         assert isinstance(op, ReplayFilter)
         return op
+
+    def build(self, ops: list[Operator]) -> tuple[ReadChunks, list[Step]]:
+        """The head and the steps that run ``ops`` (fresh copies of :attr:`ops`, index for
+        index): what a runner executes."""
+        head = ReadChunks(ops[0] if self.reads else None)  # type: ignore[arg-type]
+        view = ReplayView(ops[self.filter_index].targets)  # type: ignore[attr-defined]
+        fused = dict(self.fused)
+        steps: list[Step] = []
+        i = head.start
+        while i < len(ops):
+            n = fused.get(i, 0)
+            if not n:
+                steps.append(operator_step(ops[i], i))
+                i += 1
+                continue
+            run = ops[i : i + n]
+            stage = SplitPack(run[0] if n == 3 else None, run[-2], run[-1])  # type: ignore[arg-type]
+            stage.replay = view
+            steps.append(Step(stage, tuple(range(i, i + n)), "+".join(op.name for op in run)))
+            i += n
+        return head, steps
 
 
 def op_mode(op: Operator) -> str:
@@ -91,6 +118,7 @@ def compile_plan(
     workers: int,
     prefetch: int,
     chunk_size: int,
+    ring_slots: int = 0,
 ) -> Plan:
     batch_at = [i for i, op in enumerate(ops) if op.name == "batch"]
     if len(batch_at) > 1:
@@ -107,44 +135,65 @@ def compile_plan(
     else:
         at, name = len(ops), f"{ops[-1].name}_replay_filter" if ops else "replay_filter"
     full = [*ops[:at], ReplayFilter(name, monotone=eviction == MONOTONE), *ops[at:]]
-
-    place = "worker" if workers > 0 else "local"
-    stages: list[Stage] = []
-    for op in full:
-        mode = op_mode(op)
-        if stages and stages[-1].mode == mode:
-            stages[-1].ops.append(op)
-        else:
-            stages.append(Stage(len(stages), place, "inline", 1, mode, [op]))
-    for st in stages:
-        cap = max(op.parallelism for op in st.ops)
-        if st.mode == MICROBATCHES and cap > 1:
-            st.runner, st.cap = "threads", cap
+    # A pool exists when some operator asks for threads; a tokenize that does keeps them.
+    threaded = max((op.parallelism for op in full), default=1) > 1
+    reads = type(full[0]) is Fetch and full[0].parallelism <= 1
+    fused: list[tuple[int, int]] = []
+    i = 1 if reads else 0
+    while i < len(full):
+        n = fusable(full, i, threaded)
+        if n:
+            fused.append((i, n))
+        i += max(n, 1)
     return Plan(
         ops=full,
-        stages=stages,
         eviction=eviction,
         flush_every_k_chunks=k,
         filter_index=at,
-        in_q=chunk_size,
-        stage_out=chunk_size,
-        final_prefetch=prefetch,
+        reads=reads,
+        fused=tuple(fused),
         workers=workers,
+        prefetch=prefetch,
+        ring_slots=ring_slots,
+        chunk_size=chunk_size,
     )
 
 
 def explain(plan: Plan) -> str:
+    """The plan as it runs, in the seed page's format: stages of consecutive steps of one
+    mode (``microbatches``: order-keeping stateless steps, a chunk's records at a time;
+    ``stream_items``: history-dependent ones), each step as ``name@pN`` (a fused stage
+    names its operators with ``+``), ``in_q`` the records a step hands the next at once (a
+    chunk), then the worker rings and the consumer's prefetch."""
+    head, steps = plan.build(plan.ops)
+    entries: list[tuple[str, str, int]] = []  # (mode, shown name, parallelism)
+    if head.fetch is not None:
+        entries.append((MICROBATCHES, "fetch", 1))
+    for step in steps:
+        mode = STREAM_ITEMS if step.counts_itself else op_mode(step.run)
+        entries.append((mode, step.name, step.run.parallelism))
+    stages: list[list[tuple[str, str, int]]] = []
+    for entry in entries:
+        if stages and stages[-1][0][0] == entry[0]:
+            stages[-1].append(entry)
+        else:
+            stages.append([entry])
+    place = "worker" if plan.workers > 0 else "local"
     lines = []
-    for st in plan.stages:
-        runner = "processes" if plan.workers > 0 else st.runner
-        lines.append(
-            f"Stage[{st.index}] place={st.place} runner={runner} cap={st.cap} mode={st.mode}"
-        )
-        sep = f" -[in_q={plan.in_q}]-> " if st.mode == MICROBATCHES else " -> "
-        lines.append("  " + sep.join(f"{op.name}@p{op.parallelism}" for op in st.ops))
-        if st.index < len(plan.stages) - 1:
-            lines.append(f"  --[stage_out={plan.stage_out}]-->")
-    lines.append(f"  ==[final_prefetch={plan.final_prefetch}]==> pipeline_end")
+    for index, stage in enumerate(stages):
+        mode = stage[0][0]
+        cap = max(p for _, _, p in stage) if mode == MICROBATCHES else 1
+        runner = "processes" if plan.workers > 0 else ("threads" if cap > 1 else "inline")
+        if plan.workers > 0:
+            cap = plan.workers  # a worker runs every step of its lanes
+        lines.append(f"Stage[{index}] place={place} runner={runner} cap={cap} mode={mode}")
+        sep = f" -[in_q={plan.chunk_size}]-> " if mode == MICROBATCHES else " -> "
+        lines.append("  " + sep.join(f"{name}@p{p}" for _, name, p in stage))
+        if index < len(stages) - 1:
+            lines.append(f"  --[stage_out={plan.chunk_size}]-->")
+    if plan.workers > 0:
+        lines.append(f"  ==[ring_slots={plan.ring_slots} per worker]==> parent")
+    lines.append(f"  ==[final_prefetch={plan.prefetch}]==> pipeline_end")
     lines.append(
         f"eviction={plan.eviction} flush_every_k_chunks={plan.flush_every_k_chunks}"
         + (f" workers={plan.workers}" if plan.workers else "")

@@ -15,21 +15,18 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
 from zephon.compile import Plan
-from zephon.operators.batch import Batch
-from zephon.replay import ReplayFilter
-from zephon.runners.chain import ChainRunner, LaneOutput
+from zephon.errors import PipelineClosedError
+from zephon.runners.chain import ChainRunner, LaneCounts, LaneOutput
+from zephon.runners.lanes import LaneOutputs, schedule
 from zephon.tracking import LaneTracker
 
-INTERLEAVE = "interleave"
-LOCKSTEP = "lockstep"
 _DONE = object()
 _POLL_S = 0.1
 
@@ -48,66 +45,31 @@ class _Failure:
 class LocalExecutor:
     """Runs the chain in this process (``workers=0``); pulls feed units on demand."""
 
-    prefetches = False  # the engine's pump thread runs it ahead
+    place = "local"
 
     def __init__(self, plan: Plan) -> None:
         cap = max(op.parallelism for op in plan.ops)
         self.pool = ThreadPoolExecutor(cap, thread_name_prefix="zephon-op") if cap > 1 else None
-        self.runner = ChainRunner([op.fresh() for op in plan.ops], self.pool)
-        for op in self.runner.ops:
-            if isinstance(op, Batch):
-                op.defer = True  # the first batch after a start or restore stacks alone
-        filt = self.runner.ops[plan.filter_index]
-        assert isinstance(filt, ReplayFilter)
-        self.replay_filter = filt
-        self.ready: dict[int, deque[LaneOutput]] = {}
-        self.producing: set[int] = set()  # lanes that have had an output
-        self.pull: Callable[[int], list[Any]] = _nothing
+        self.runner = ChainRunner(plan, self.pool)
+        self.replay_filter = self.runner.replay_filter
+        self.outputs = LaneOutputs(self.runner, _nothing, 0)
 
     def start(self, engine: Engine) -> None:
-        self.pull = engine.pull
+        self.outputs = LaneOutputs(self.runner, engine.pull, len(engine.lanes))
 
     def set_target(self, lane: int, cursor: Any) -> None:
-        self.replay_filter.set_target(lane, cursor)
+        self.replay_filter.set_target(lane, cursor)  # type: ignore[attr-defined]
 
     def next_output(self, lane: int) -> LaneOutput:
-        ready = self.ready.setdefault(lane, deque())
-        runner = self.runner
-        while not ready:
-            if runner.suspended(lane):
-                outs = runner.resume(lane)
-            else:
-                feed = self.pull(lane)
-                if not feed:
-                    raise RuntimeError(
-                        f"lane {lane} was pulled after its end; this is a Zephon bug"
-                    )
-                # Until the lane's first output, the runner stops as soon as it has one.
-                outs = runner.feed(feed, first=lane not in self.producing)
-            for out in outs:
-                self.ready.setdefault(out.lane, deque()).append(out)
-                if out.record is not None:
-                    self.producing.add(out.lane)
-        return ready.popleft()
-
-    def op_stats(self) -> list[dict[str, Any]]:
-        return [
-            {
-                "name": op.name,
-                "records_in": s.records_in,
-                "records_out": s.records_out,
-                "seconds": round(s.seconds, 6),
-            }
-            for op, s in zip(self.runner.ops, self.runner.stats, strict=True)
-        ]
+        return self.outputs.next(lane)
 
     def extra_stats(self) -> dict[str, Any]:
-        return {"replay_dropped_records": self.replay_filter.dropped}
+        return {}
 
     def close(self) -> None:
         if self.pool is not None:
             self.pool.shutdown(wait=False, cancel_futures=True)
-        self.pull = _nothing  # the engine's method: a reference cycle, left to the GC
+        self.outputs.pull = _nothing  # the engine's method: a reference cycle, left to the GC
 
 
 def _materialize(item: Any) -> None:
@@ -115,6 +77,13 @@ def _materialize(item: Any) -> None:
     for out in item if isinstance(item, list) else (item,):
         if type(out) is LaneOutput and out.record is not None:
             out.record.data  # noqa: B018 - the read builds it
+
+
+def closed_error() -> PipelineClosedError:
+    return PipelineClosedError(
+        "the pipeline is closed: next() after close(). Build a new pipeline (and restore a "
+        "checkpoint into it) to go on"
+    )
 
 
 def concat_lockstep(outputs: list[LaneOutput]) -> Any:
@@ -153,6 +122,9 @@ class Engine:
         self._finished = False
         self._handed: list[Any] = []
         self.last_lanes: tuple[int, ...] = ()
+        self.closed = False
+        #: Each lane's operator counters as of its last delivered output (see stats()).
+        self.lane_counts: dict[int, LaneCounts] = {}
 
     # ------------------------------------------------------------ production
     def pull(self, lane: int) -> list[Any]:
@@ -161,24 +133,17 @@ class Engine:
             return self.trackers[lane].pull()
 
     def _produce(self) -> Iterator[Any]:
-        if self.output == LOCKSTEP:
-            lanes = self.lanes
-            while True:
-                step = [self.executor.next_output(lane) for lane in lanes]
-                if any(o.end for o in step):
-                    break
-                yield step
-        else:
-            rot = [lane for lane in self.lanes if not self.trackers[lane].done]
-            pos = next((i for i, lane in enumerate(rot) if lane >= self.next_lane), 0)
-            while rot:
-                pos %= len(rot)
-                out = self.executor.next_output(rot[pos])
-                yield out
-                if out.end:
-                    del rot[pos]
-                else:
-                    pos += 1
+        done = [lane for lane in self.lanes if self.trackers[lane].done]
+        for item in schedule(
+            self.lanes,
+            self.output,
+            self.executor.next_output,
+            start_lane=self.next_lane,
+            done=done,
+        ):
+            if type(item) is list and any(out.end for out in item):
+                break  # lockstep: a lane ended, and the stream with it
+            yield item
         yield _DONE
 
     def _pump(self) -> None:
@@ -223,6 +188,8 @@ class Engine:
             try:
                 return self._queue.get(timeout=_POLL_S)
             except queue.Empty:
+                if self.closed:
+                    raise closed_error() from None
                 if not self._thread.is_alive() and self._queue.empty():
                     raise RuntimeError("the prefetch pump stopped without a result") from None
 
@@ -232,12 +199,12 @@ class Engine:
         self.started = True
         self.executor.start(self)
         self._gen = self._produce()
-        # Worker processes already run ahead into their rings, which hold the prefetched
-        # batches; a pump thread on top would only add a queue handoff per batch.
-        self._pump_wanted = self.prefetch > 0 and not self.executor.prefetches
+        self._pump_wanted = self.prefetch > 0
 
     # -------------------------------------------------------------- delivery
     def next(self) -> Any:
+        if self.closed:
+            raise closed_error()
         if self._error is not None:
             raise self._error
         if self._finished:
@@ -258,6 +225,8 @@ class Engine:
                     self._error = e
                 raise
             except BaseException as e:
+                if self.closed:  # close() from another thread stopped what we waited on
+                    raise closed_error() from e
                 self._error = e
                 raise
             if item is _DONE:
@@ -295,6 +264,8 @@ class Engine:
             lease.release()
 
     def _deliver(self, out: LaneOutput) -> None:
+        if out.counts is not None:
+            self.lane_counts[out.lane] = out.counts
         tracker = self.trackers[out.lane]
         rec = out.record
         if rec is None:
@@ -328,14 +299,40 @@ class Engine:
             }
         return {
             "lanes": lanes,
-            "operators": self.executor.op_stats(),
+            "operators": self._operator_stats(),
             "queue_fill": self._queue.qsize(),
             "final_prefetch": self.prefetch,
             "replayed_chunks": self.replayed_chunks,
+            "replay_dropped_records": sum(c.replay_dropped for c in self.lane_counts.values()),
             **self.executor.extra_stats(),
         }
 
+    def _operator_stats(self) -> list[dict[str, Any]]:
+        """Each operator's counters summed over the lanes, each lane's as of its last
+        delivered output: what the operators did for everything delivered so far (and for
+        the rest of the chain runs that produced it), the same with or without workers."""
+        totals = [[0, 0, 0.0] for _ in self.plan.ops]
+        with self.lock:
+            counts = list(self.lane_counts.values())
+        for c in counts:
+            for t, (n_in, n_out, seconds) in zip(totals, c.ops, strict=True):
+                t[0] += n_in
+                t[1] += n_out
+                t[2] += seconds
+        place = self.executor.place
+        return [
+            {
+                "name": op.name,
+                "records_in": int(t[0]),
+                "records_out": int(t[1]),
+                "seconds": round(t[2], 6),
+                "place": place,
+            }
+            for op, t in zip(self.plan.ops, totals, strict=True)
+        ]
+
     def close(self) -> None:
+        self.closed = True
         self.stopping.set()
         self._release_handed()
         if self._thread is not None and self._thread is not threading.current_thread():

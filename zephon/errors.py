@@ -25,8 +25,17 @@ class WorkerError(ZephonError, RuntimeError):
     """A worker process failed: crashed, was killed, hung, or raised."""
 
 
+class PipelineClosedError(ZephonError, RuntimeError):
+    """The pipeline was closed: it yields nothing more (build a new one to go on)."""
+
+
 class ShmError(ZephonError, OSError):
     """Shared memory could not be created, mapped or used."""
+
+
+class TransferError(ZephonError, TypeError):
+    """A dataset or an operator cannot be sent to the worker processes (it cannot be
+    pickled); the message names the mixture component or the operator, and the fix."""
 
 
 class RingError(ZephonError, RuntimeError):
@@ -35,3 +44,8 @@ class RingError(ZephonError, RuntimeError):
 
 class AggregationError(ZephonError, RuntimeError):
     """A multi-rank checkpoint round failed (timeout, missing ranks, leader failure)."""
+
+
+class LengthIndexError(ZephonError, ValueError):
+    """A length index (``zephon lengths``) is missing, unfinished, corrupt, or no longer
+    matches its dataset or tokenizer."""

@@ -11,6 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+import numpy as np
+
+#: Where a deferred record's arrays go when it is built: ``allocate(lane, {name: (shape,
+#: dtype)})`` returns an empty array per name (a worker hands out views of a ring slot).
+Allocator = Callable[[int, dict[str, tuple[tuple[int, ...], np.dtype]]], dict[str, np.ndarray]]
+
 
 class SampleCursor(NamedTuple):
     """The unique identity of a record: ``(lane, chunk_id, offset, child)``."""
@@ -68,40 +74,46 @@ _DATA = Record.__dict__["data"]  # the slot itself, under LazyRecord's property
 
 
 class LazyRecord(Record):
-    """A record whose data is built on first access to ``data``.
+    """A record whose data is built on first access to ``data`` (or :meth:`materialize`).
 
     ``pack`` emits these: after a restore, the replay filter drops every packed record up
     to the lane's target without reading its data, so replayed bins are placed (which needs
-    only lengths) but never assembled. Anything that reads ``data`` gets the real thing.
+    only lengths) but never assembled. ``batch`` emits these, so that a batch is stacked
+    where it is wanted, when it is wanted. Anything that reads ``data`` gets the real thing.
     """
 
     __slots__ = ("_build",)
 
     def __init__(
         self,
-        build: Callable[[], Any] | None,
+        build: Callable[[Allocator | None], Any] | None,
         lane: int,
         contributors: list[Contributor],
         mix: dict[int, int],
     ) -> None:
         _DATA.__set__(self, None)
-        self._build: Callable[[], Any] | None = build
+        self._build: Callable[[Allocator | None], Any] | None = build
         self.lane = lane
         self.contributors = contributors
         self.mix = mix
 
     @property  # type: ignore[override]
     def data(self) -> Any:
-        build = self._build
-        if build is not None:
-            _DATA.__set__(self, build())
-            self._build = None
-        return _DATA.__get__(self)
+        return self.materialize(None)
 
     @data.setter
     def data(self, value: Any) -> None:
         _DATA.__set__(self, value)
         self._build = None
+
+    def materialize(self, allocate: Allocator | None) -> Any:
+        """The data, built now if it was not, its arrays from ``allocate`` (None: new ones)
+        where the builder stacks arrays: a worker builds a batch straight into a ring slot."""
+        build = self._build
+        if build is not None:
+            _DATA.__set__(self, build(allocate))
+            self._build = None
+        return _DATA.__get__(self)
 
     @property
     def built(self) -> bool:
@@ -113,7 +125,7 @@ class BatchRecord(LazyRecord):
 
     ``last_cursor`` is the cursor of the last record stacked into it; once the batch is
     delivered it becomes the lane's replay cursor. Given ``build`` instead of ``data``, the
-    rows are stacked on first access (see :attr:`~zephon.operators.batch.Batch.defer`).
+    rows are stacked on first access (see :meth:`LazyRecord.materialize`).
     """
 
     __slots__ = ("last_cursor", "num_records")
@@ -126,7 +138,7 @@ class BatchRecord(LazyRecord):
         mix: dict[int, int],
         last_cursor: SampleCursor,
         num_records: int,
-        build: Callable[[], Any] | None = None,
+        build: Callable[[Allocator | None], Any] | None = None,
     ) -> None:
         super().__init__(build, lane, contributors, mix)
         if build is None:

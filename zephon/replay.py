@@ -24,7 +24,7 @@ class ReplayFilter(Operator):
         self.name = name
         self.monotone = monotone
         self.targets: dict[int, SampleCursor] = {}  # lane -> its target; read by pack
-        self.dropped = 0
+        self.dropped: dict[int, int] = {}  # lane -> records dropped (see count_dropped)
 
     def set_target(self, lane: int, cursor: SampleCursor | None) -> None:
         if cursor is None:
@@ -41,18 +41,41 @@ class ReplayFilter(Operator):
         self.drop(record.lane, record.contributors[0])
         return (Tombstone(record.lane, record.contributors),)
 
+    def process_batch(self, records: list[Record]) -> list[Output]:
+        """:meth:`process` on each; the records a run drops in a row become one tombstone."""
+        targets = self.targets
+        out: list[Output] = []
+        last: Tombstone | None = None  # the tombstone the run of drops goes into
+        for r in records:
+            if r.lane not in targets:
+                out.append(r)
+                last = None
+                continue
+            self.drop(r.lane, r.contributors[0])
+            if last is not None and last.lane == r.lane:
+                last.contributors.extend(r.contributors)
+            else:
+                last = Tombstone(r.lane, list(r.contributors))
+                out.append(last)
+        return out
+
     def drop(self, lane: int, first: Contributor) -> None:
         """Drops a record of ``lane``, which must have a target; ``first`` is the record's
         first contributor (its cursor). Also called by a ``pack`` right before this filter,
         which turns the bins that would be dropped into tombstones without building them."""
         target = self.targets[lane]
-        self.dropped += 1
+        self.count_dropped(lane, 1)
         if first[0] == target[1] and first[1] == target[2] and first[2] == target[3]:
             del self.targets[lane]
         elif self.monotone:
             cursor = SampleCursor(lane, first[0], first[1], first[2])
             if cursor > target:
                 self._lost(target, f"a later record {tuple(cursor)} arrived first")
+
+    def count_dropped(self, lane: int, n: int) -> None:
+        """Counts ``n`` records of ``lane`` dropped (by this filter, or for it by a stage
+        that drops bins before they become records)."""
+        self.dropped[lane] = self.dropped.get(lane, 0) + n
 
     def on_sentinel(self, sentinel: FlushSentinel) -> None:
         target = self.targets.get(sentinel.lane)

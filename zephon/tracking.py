@@ -21,12 +21,14 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from zephon._native import load
 from zephon.chunks import WorkChunk
 from zephon.errors import CheckpointError
 from zephon.records import Contributor, FlushSentinel, SampleCursor
 
-_NATIVE = load("_pack")  # ChunkTrack.add_run in C, for chunks of up to 64 samples
+_NATIVE = load("_track")  # ChunkTrack.add_run in C, for chunks of up to 64 samples
 
 MONOTONE = "monotone"
 EPOCH = "epoch"
@@ -59,26 +61,38 @@ class ChunkTrack:
     @classmethod
     def stored(cls, state: Any) -> ChunkTrack:
         """The track of a chunk in its :meth:`WorkChunk.to_state` form, checked now and
-        decoded on first use (a malformed one raises ``TypeError``, ``KeyError`` or
-        ``ValueError``)."""
+        decoded on first use (its pointers are checked against the datasets by the lane,
+        for all its chunks at once).
+
+        Raises:
+            CheckpointError: a key is missing, a value has the wrong type or is out of
+                range; the message says which.
+        """
+        if not isinstance(state, dict):
+            raise CheckpointError(f"an in-flight chunk must be a dict; got {_shown(state)}")
+        missing = [k for k in _CHUNK_KEYS if k not in state]
+        if missing:
+            raise CheckpointError(
+                f"an in-flight chunk has no {missing} (it has {sorted(map(str, state))})"
+            )
         comps, indices = state["components"], state["indices"]
         if not isinstance(comps, bytes) or not isinstance(indices, bytes):
-            raise TypeError(
-                f"components and indices must be bytes; got {type(comps).__name__} and "
+            raise CheckpointError(
+                f"chunk components and indices must be bytes; got {type(comps).__name__} and "
                 f"{type(indices).__name__}"
             )
         size = len(comps) // 4
         if len(comps) != 4 * size or len(indices) != 8 * size:
-            raise ValueError(
+            raise CheckpointError(
                 f"chunk arrays of {len(comps)} and {len(indices)} bytes are not int32 and int64 "
                 "of one length"
             )
-        plain = {
-            "lane": int(state["lane"]),
-            "chunk_id": int(state["chunk_id"]),
+        plain: dict[str, Any] = {
+            "lane": checked_count("chunk lane", state["lane"]),
+            "chunk_id": checked_count("chunk_id", state["chunk_id"]),
             "components": comps,
             "indices": indices,
-            "seed": int(state["seed"]),
+            "seed": checked_count("chunk seed", state["seed"], 1 << 64),
         }
         return cls(None, size, plain)
 
@@ -93,8 +107,11 @@ class ChunkTrack:
         return self._chunk.lane if self._chunk is not None else self._state["lane"]  # type: ignore[index]
 
     def to_state(self) -> dict[str, Any]:
-        """The chunk's checkpoint form (a restored chunk's is the one it came from)."""
-        return self._state if self._state is not None else self.chunk.to_state()
+        """The chunk's checkpoint form (a restored chunk's is the one it came from); made
+        once, a chunk never changes."""
+        if self._state is None:
+            self._state = self.chunk.to_state()
+        return self._state
 
     def add_run(self, pieces: Sequence[Contributor], i: int) -> int:
         """Counts ``pieces[i]``, ``pieces[i + 1]``, ... for as long as they are of this chunk;
@@ -137,11 +154,28 @@ class LaneTracker:
         self.boundaries: list[int] = []  # ascending; b = first chunk after a sentinel
         self.cursor: SampleCursor | None = None
         self.batches = 0  # outputs delivered from this lane
-        self.done = False  # the end of the lane's stream was delivered
+        self._done = False  # the end of the lane's stream was delivered
         self.exhausted = False  # the source said so and the final sentinel went out
         self.replay: deque[ChunkTrack | FlushSentinel] = deque()  # restored, to replay
         self.evicted = 0
         self.next_chunk_id = 0
+        #: :meth:`state` as last built, until something it shows changes: a checkpoint of
+        #: a rank of thousands of lanes rebuilds only the lanes that moved since the last.
+        self._state: dict[str, Any] | None = None
+        #: ``[op, until, weights]`` entries: an ``ensure_mixture`` (operator ``op``) holds
+        #: ``weights`` for this lane until the flush at chunk ``until`` (after a restore into
+        #: an edited mixture); carried in the state while an in-flight chunk precedes it.
+        self.held: list[list[Any]] = []
+
+    @property
+    def done(self) -> bool:
+        """The end of the lane's stream was delivered."""
+        return self._done
+
+    @done.setter
+    def done(self, value: bool) -> None:
+        self._done = value
+        self._state = None
 
     # ----------------------------------------------------------------- handing out
     def pull(self) -> Feed:
@@ -155,6 +189,7 @@ class LaneTracker:
             return items
         if self.exhausted:
             return []
+        self._state = None  # the source moves on
         chunk = self.source.next_chunk()
         if chunk is None:
             self.exhausted = True
@@ -193,6 +228,7 @@ class LaneTracker:
             i = track.add_run(contributors, i)
 
     def deliver(self, contributors: list[Contributor], last_cursor: SampleCursor | None) -> None:
+        self._state = None
         self.close(contributors)
         if last_cursor is not None:
             self.cursor = last_cursor
@@ -239,9 +275,13 @@ class LaneTracker:
 
     # ---------------------------------------------------------------- checkpoint
     def state(self) -> dict[str, Any]:
+        """The lane's checkpoint state. Shared with later calls until the lane moves:
+        read it, never change it in place."""
+        if self._state is not None:
+            return self._state
         lo = next(iter(self.inflight), None)
         floor = lo if lo is not None else self.next_chunk_id
-        return {
+        self._state = {
             "lane": self.lane,
             "inflight": [t.to_state() for t in self.inflight.values()],
             "boundaries": [b for b in self.boundaries if b > floor or (lo is None and b == floor)],
@@ -251,32 +291,74 @@ class LaneTracker:
             "done": self.done,
             "next_chunk_id": self.next_chunk_id,
         }
+        held = [h for h in self.held if lo is not None and lo < h[1]]
+        if held:  # only while a replay would need it; absent otherwise
+            self._state[HELD] = held
+        return self._state
 
     def load(self, state: dict[str, Any]) -> int:
-        """Restore from :meth:`state`; returns how many chunks phase 1 will replay."""
+        """Restore from :meth:`state`; returns how many chunks phase 1 will replay.
+
+        Raises:
+            CheckpointError: the state is malformed (a key missing, a value of the wrong
+                type or out of range, chunks, boundaries or cursor inconsistent with each
+                other or with the work source); the message starts with the lane.
+        """
         try:
-            chunks = [ChunkTrack.stored(c) for c in state["inflight"]]
-            boundaries = sorted(int(b) for b in state["boundaries"])
-            cursor = state["cursor"]
-            self.source.load_state_dict(state["source"])
-            self.batches = int(state["batches"])
-            self.done = bool(state["done"])
-            next_id = int(state["next_chunk_id"])
-        except (KeyError, TypeError, ValueError) as e:
-            raise CheckpointError(f"lane {self.lane}: malformed lane state ({e!r})") from e
+            return self._load(state)
+        except CheckpointError as e:
+            raise CheckpointError(f"lane {self.lane}: {e}") from e
+
+    def _load(self, state: dict[str, Any]) -> int:
+        if not isinstance(state, dict):
+            raise CheckpointError(f"the lane state must be a dict; got {_shown(state)}")
+        missing = [k for k in _LANE_KEYS if k not in state]
+        if missing:
+            raise CheckpointError(
+                f"the lane state has no {missing} (it has {sorted(map(str, state))})"
+            )
+        raw_chunks = state["inflight"]
+        if not isinstance(raw_chunks, list):
+            raise CheckpointError(f"inflight must be a list of chunks; got {_shown(raw_chunks)}")
+        lengths = getattr(self.source, "lengths", None)
+        if not (isinstance(lengths, tuple | list) and all(isinstance(n, int) for n in lengths)):
+            lengths = None
+        chunks = [ChunkTrack.stored(c) for c in raw_chunks]
+        if lengths is not None and chunks:
+            _check_pointers(chunks, lengths)
+        next_id = checked_count("next_chunk_id", state["next_chunk_id"])
+        batches = checked_count("batches", state["batches"])
+        done = state["done"]
+        if not isinstance(done, bool):
+            raise CheckpointError(f"done must be a bool; got {_shown(done)}")
         ids = [c.chunk_id for c in chunks]
-        contiguous = not ids or ids == list(range(ids[0], next_id))
+        contiguous = not ids or (
+            next_id - ids[0] == len(ids) and ids == list(range(ids[0], next_id))
+        )
         if any(c.lane != self.lane for c in chunks) or not contiguous:
             raise CheckpointError(
-                f"lane {self.lane}: in-flight chunks must be this lane's and contiguous up to "
-                f"next_chunk_id={next_id}; got ids {ids}"
+                f"in-flight chunks must be this lane's and contiguous up to "
+                f"next_chunk_id={next_id}; got ids {ids} of lanes "
+                f"{sorted({c.lane for c in chunks})}"
             )
-        self.cursor = None if cursor is None else SampleCursor(self.lane, *(int(x) for x in cursor))
-        if self.cursor is not None and self.cursor.chunk_id not in ids:
+        boundaries = self._checked_boundaries(state["boundaries"], ids, next_id)
+        cursor = self._checked_cursor(state["cursor"], chunks)
+        try:
+            self.source.load_state_dict(state["source"])
+        except CheckpointError as e:
+            raise CheckpointError(f"work source state: {e}") from e
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError, OverflowError) as e:
+            raise CheckpointError(f"malformed work source state ({e!r})") from e
+        source_next = getattr(self.source, "next_chunk_id", None)
+        if isinstance(source_next, int) and source_next != next_id:
             raise CheckpointError(
-                f"lane {self.lane}: replay cursor {tuple(self.cursor)} points outside the in-flight "
-                f"chunks {ids[:1]}..{ids[-1:]}; the checkpoint is inconsistent"
+                f"the work source state is at chunk {source_next} but the lane's "
+                f"next_chunk_id is {next_id}; the checkpoint is inconsistent"
             )
+        self.held = checked_holds(state)
+        self.batches = batches
+        self.done = done  # (forgets the state built before)
+        self.cursor = cursor
         self.inflight = {c.chunk_id: c for c in chunks}
         self.boundaries = boundaries
         self.next_chunk_id = next_id
@@ -287,3 +369,129 @@ class LaneTracker:
             if c.chunk_id + 1 in bset:
                 self.replay.append(FlushSentinel(self.lane, c.chunk_id + 1))
         return len(chunks)
+
+    def _checked_boundaries(self, raw: Any, ids: list[int], next_id: int) -> list[int]:
+        """Boundaries as :meth:`state` writes them: ascending multiples of the flush cadence,
+        above the lowest in-flight chunk (or equal to ``next_chunk_id`` when none is in
+        flight) and at most ``next_chunk_id``."""
+        if not isinstance(raw, list):
+            raise CheckpointError(f"boundaries must be a list of chunk ids; got {_shown(raw)}")
+        boundaries = [checked_count("a boundary", b) for b in raw]
+        floor = ids[0] if ids else next_id
+        ok = (
+            all(a < b for a, b in itertools.pairwise(boundaries))
+            and all(floor <= b <= next_id and (ids or b == floor) for b in boundaries)
+            and (not boundaries or (self.k > 0 and all(b % self.k == 0 for b in boundaries)))
+        )
+        if not ok:
+            raise CheckpointError(
+                f"boundaries {boundaries} are not ascending multiples of "
+                f"flush_every_k_chunks={self.k} within chunks {floor}..{next_id}"
+            )
+        return boundaries
+
+    def _checked_cursor(self, raw: Any, chunks: list[ChunkTrack]) -> SampleCursor | None:
+        if raw is None:
+            return None
+        if not isinstance(raw, list) or len(raw) != 3:
+            raise CheckpointError(
+                f"the replay cursor must be None or [chunk_id, offset, child]; got {_shown(raw)}"
+            )
+        chunk_id, offset, child = (
+            checked_count(f"replay cursor {name}", x)
+            for name, x in zip(("chunk_id", "offset", "child"), raw, strict=True)
+        )
+        cursor = SampleCursor(self.lane, chunk_id, offset, child)
+        sizes = {c.chunk_id: c.size for c in chunks}
+        if chunk_id not in sizes:
+            ids = list(sizes)
+            raise CheckpointError(
+                f"replay cursor {tuple(cursor)} points outside the in-flight chunks "
+                f"{ids[:1]}..{ids[-1:]}; the checkpoint is inconsistent"
+            )
+        if offset >= sizes[chunk_id]:
+            raise CheckpointError(
+                f"replay cursor {tuple(cursor)} points at offset {offset} of chunk {chunk_id}, "
+                f"which has {sizes[chunk_id]} samples; the checkpoint is inconsistent"
+            )
+        return cursor
+
+
+_LANE_KEYS = ("inflight", "boundaries", "source", "cursor", "batches", "done", "next_chunk_id")
+#: The optional lane key of ``ensure_mixture`` holds (see :attr:`LaneTracker.held`).
+HELD = "held"
+
+
+def checked_holds(state: dict[str, Any]) -> list[list[Any]]:
+    """A lane state's ``held`` entries, ``[[op, until, [weights...]], ...]`` (none when the
+    key is absent), checked.
+
+    Raises:
+        CheckpointError: not a list of such entries with ascending ``until`` per operator.
+    """
+    raw = state.get(HELD, [])
+    if not isinstance(raw, list):
+        raise CheckpointError(f"held must be a list of [op, until, weights]; got {_shown(raw)}")
+    out: list[list[Any]] = []
+    last: dict[int, int] = {}
+    for entry in raw:
+        if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[2], list)):
+            raise CheckpointError(f"a held entry must be [op, until, weights]; got {_shown(entry)}")
+        op = checked_count("held operator", entry[0])
+        until = checked_count("held until", entry[1])
+        weights = entry[2]
+        if not all(
+            isinstance(w, float | int) and not isinstance(w, bool) and 0 <= w < float("inf")
+            for w in weights
+        ):
+            raise CheckpointError(f"held weights must be finite floats >= 0; got {_shown(weights)}")
+        if until <= last.get(op, -1):
+            raise CheckpointError(f"held entries of operator {op} must ascend; got {_shown(raw)}")
+        last[op] = until
+        out.append([op, until, [float(w) for w in weights]])
+    return out
+
+
+_CHUNK_KEYS = ("lane", "chunk_id", "components", "indices", "seed")
+
+
+def _shown(value: Any) -> str:
+    return f"{type(value).__name__} {value!r:.80}"
+
+
+def checked_count(what: str, value: Any, limit: int = 1 << 63) -> int:
+    """``value`` if it is an int in ``[0, limit)`` (not a bool), else a CheckpointError
+    naming ``what`` and showing the value."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < limit:
+        raise CheckpointError(f"{what} must be an int in [0, {limit}); got {_shown(value)}")
+    return value
+
+
+def _check_pointers(chunks: list[ChunkTrack], lengths: Sequence[int]) -> None:
+    """Every pointer of the stored ``chunks`` names a component and an index inside its
+    dataset (one pass over all of them)."""
+    states = [t.to_state() for t in chunks]
+    c = np.frombuffer(b"".join(st["components"] for st in states), dtype="<i4")
+    i = np.frombuffer(b"".join(st["indices"] for st in states), dtype="<i8")
+    if not c.size:
+        return
+    if len(lengths) == 1:
+        bad = c.any() or int(i.min()) < 0 or int(i.max()) >= lengths[0]
+    else:
+        bad = int(c.min()) < 0 or int(c.max()) >= len(lengths)
+        bad = bad or bool(((i < 0) | (i >= np.asarray(lengths, dtype=np.int64)[c])).any())
+    if not bad:
+        return
+    wrong = (c < 0) | (c >= len(lengths))
+    if not wrong.any():
+        wrong = (i < 0) | (i >= np.asarray(lengths, dtype=np.int64)[c])
+    at = int(np.flatnonzero(wrong)[0])
+    for t in chunks:  # which chunk holds it
+        if at < t.size:
+            break
+        at -= t.size
+    p = sum(u.size for u in chunks[: chunks.index(t)]) + at
+    raise CheckpointError(
+        f"in-flight chunk {t.chunk_id} points at component {int(c[p])}, index {int(i[p])} "
+        f"(offset {at}), outside the datasets (lengths {list(lengths)})"
+    )

@@ -1,26 +1,39 @@
 """A parent process for the fault tests in ``test_workers_faults.py`` (not collected).
 
-Usage: ``python _fault_parent.py MODE``; prints one JSON line on stdout once it is ready.
+Usage: ``python _fault_parent.py MODE [ARGS]``; prints JSON lines on stdout, the first once
+it is ready.
 
 - ``idle``: a ``workers=2`` pipeline reads 3 batches, reports its workers and rings, then
   sleeps (its pump fills the prefetch queue and the rings, so the workers block on a full
   ring: only the parent-death signal can stop them).
 - ``slow``: the same report after the first batch, then it keeps iterating a pipeline whose
   ``map`` sleeps (a function of ``__main__``, so the workers get it from dill by value).
-- ``segment``: creates one shared-memory segment, reports its name and keeps it until stdin
-  closes (a live owner that the sweeper must leave alone).
+- ``churn METHOD``: reports ready, then starts a ``workers=2`` pipeline with that start
+  method (its dataset large enough to go through the shared data segment), reports its
+  workers after the first batch, reads more for 0.6 s, closes it, and again, forever: a
+  kill at a random moment lands in any phase.
+- ``preempted PATH STOP_AT HOW``: a training loop that reports each batch's digest and
+  "trains" on batch STOP_AT until SIGTERM comes. Its own SIGTERM handler (``HOW=handler``)
+  checkpoints, saves to PATH with ``zp.save`` and exits; with ``HOW=flag`` the handler only
+  sets a flag, and the loop reads 3 more batches before it checkpoints, saves and exits.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import signal
 import sys
 import time
+from typing import Any
 
 import numpy as np
 from corpus import lm_pipeline
 
 import zephon as zp
+
+PREEMPTED_SEED = 7
+EXTRA_AFTER_FLAG = 3
 
 
 def _report(pipe: zp.Pipeline) -> None:
@@ -62,15 +75,71 @@ def slow() -> None:
             _report(pipe)
 
 
-def segment() -> None:
-    from zephon.shm import create_segment
+def churn(method: str) -> None:
+    rows = np.arange(1 << 16, dtype=np.int64)  # 512 KiB: shared with the workers, not pickled
+    print(json.dumps({"ready": True}), flush=True)
+    while True:
+        src = zp.StaticMixtureWorkSource(
+            datasets={"a": zp.ArraySource(rows)}, weights={"a": 1.0}, seed=0, num_epochs=None
+        )
+        pipe = (
+            zp.Pipeline(src, canonical_replicas=4, workers=2, worker_start_method=method)
+            .fetch()
+            .batch(8)
+        )
+        next(pipe)
+        print(json.dumps({"running": [w["pid"] for w in pipe.stats()["workers"]]}), flush=True)
+        until = time.monotonic() + 0.6
+        while time.monotonic() < until:
+            next(pipe)
+        pipe.close()
 
-    seg = create_segment(4096)
-    print(json.dumps({"segment": seg.name}), flush=True)
-    sys.stdin.read()
-    seg.close()
-    seg.unlink()
+
+def digest(batch: dict[str, np.ndarray]) -> str:
+    h = hashlib.sha256()
+    for key in sorted(batch):
+        h.update(key.encode())
+        h.update(np.ascontiguousarray(batch[key]).tobytes())
+    return h.hexdigest()[:16]
+
+
+def preempted_pipeline(workers: int) -> zp.Pipeline:
+    return lm_pipeline(seed=PREEMPTED_SEED, workers=workers, num_epochs=None)
+
+
+def preempted(path: str, stop_at: int, how: str) -> None:
+    pipe = preempted_pipeline(workers=2)
+    flagged: list[int] = []
+
+    def save_and_exit() -> None:
+        zp.save(path, pipe.checkpoint())
+        print(json.dumps({"saved": step}), flush=True)
+        sys.exit(0)
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        if how == "flag":
+            flagged.append(signum)
+        else:
+            save_and_exit()
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    for step, batch in enumerate(pipe):
+        mine = signal.getsignal(signal.SIGTERM) is on_sigterm
+        print(json.dumps({"step": step, "digest": digest(batch), "handler_kept": mine}), flush=True)
+        if step == stop_at:
+            print(json.dumps({"training": step}), flush=True)
+            deadline = time.monotonic() + 60
+            while not flagged and time.monotonic() < deadline:
+                time.sleep(0.01)  # the training step that the preemption interrupts
+        if flagged and step == stop_at + EXTRA_AFTER_FLAG:
+            save_and_exit()
 
 
 if __name__ == "__main__":
-    {"idle": idle, "slow": slow, "segment": segment}[sys.argv[1]]()
+    mode, args = sys.argv[1], sys.argv[2:]
+    if mode == "churn":
+        churn(args[0])
+    elif mode == "preempted":
+        preempted(args[0], int(args[1]), args[2])
+    else:
+        {"idle": idle, "slow": slow}[mode]()

@@ -27,6 +27,10 @@ SCRIPTS = [
     "elastic",
     "transport",
     "round_latency",
+    "ring_depth",
+    "many_lanes",
+    "worker_memory",
+    "many_components",
 ]
 
 
@@ -69,6 +73,11 @@ def test_script_quick(name, tmp_path, capsys):
             assert r["stream exact"] in (True, None), r
     elif name == "restore":
         assert all(r["exact"] for r in rows), rows
+    elif name == "worker_memory":
+        pss = [r for r in rows if "after" in r]
+        assert [r["after"] for r in pss] == ["first batch", "full pass"]
+        # The array is in the caller's memory and shared once: never a copy per worker.
+        assert all(r["(PSS - baseline) / array"] < 2.6 for r in pss), pss  # a copy each: 3
 
 
 @pytest.mark.slow
@@ -90,4 +99,4 @@ def test_suite_runner_only_parsing():
     assert _parse_only(None) == list(QUESTIONS)
     assert _parse_only("q3, elastic,7,q3") == ["q3", "q5", "q7"]
     with pytest.raises(SystemExit, match="unknown question"):
-        _parse_only("q9")
+        _parse_only("q99")

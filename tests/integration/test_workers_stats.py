@@ -63,3 +63,46 @@ def test_what_an_operator_drops_is_not_counted_as_its_output(workers):
     # batches than the run had left.
     assert replay["records_out"] < replay["records_in"]
     assert ops["batch"]["records_out"] == rest
+
+
+def _counts(pipe) -> list[tuple]:
+    st = pipe.stats()
+    ops = [(o["name"], o["records_in"], o["records_out"]) for o in st["operators"]]
+    return [*ops, ("replay_dropped_records", st["replay_dropped_records"])]
+
+
+def _counts_along(workers: int, points: list[int], state=None, **kw) -> tuple[list, object]:
+    """The counts after each number of batches in ``points`` (and at the end, twice)."""
+    seen = []
+    with lm_pipeline(workers=workers, **kw) as pipe:
+        if state is not None:
+            pipe.restore(state)
+        delivered = 0
+        for point in points:
+            while delivered < point:
+                next(pipe)
+                delivered += 1
+            seen.append(_counts(pipe))
+        mid = pipe.checkpoint()
+        delivered += sum(1 for _ in pipe)
+        seen.append(_counts(pipe))
+        seen.append(_counts(pipe))  # nothing arrives late
+    return seen, mid
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_worker_counts_equal_the_in_process_ones_after_every_next(workers):
+    # Counters are each lane's as of its last delivered batch: however far the workers
+    # (or the prefetch pump) ran ahead, every call after a next() returns sees the same
+    # numbers in process and with workers; after a restore too (replay included).
+    points = [1, 2, 5, 11, 17, 30]
+    local, state = _counts_along(0, points, prefetch=4)
+    remote, _ = _counts_along(workers, points, prefetch=4)
+    assert local == remote
+    assert local[0] != local[-1]  # the counts grow as batches are delivered
+    (batch,) = [c for c in local[2] if c[0] == "batch"]
+    assert batch[2] >= 5
+    after_local, _ = _counts_along(0, [1, 3, 8], state=state)
+    after_remote, _ = _counts_along(workers, [1, 3, 8], state=state)
+    assert after_local == after_remote
+    assert after_local[0][-1][1] > 0  # the replay filter dropped the delivered prefix

@@ -8,6 +8,7 @@ import gc
 import weakref
 from collections.abc import Iterator
 
+import numpy as np
 import pytest
 
 import zephon as zp
@@ -55,3 +56,30 @@ def test_a_finished_pipeline_is_freed_without_the_garbage_collector(
         q.close()
     del p, q
     assert [e() for e in engines] == [None, None]
+
+
+def _small(workers: int, prefetch: int) -> zp.Pipeline:
+    src = zp.StaticMixtureWorkSource([zp.ArraySource(np.arange(500))], seed=0, chunk_size=8)
+    pipe = zp.Pipeline(src, canonical_replicas=2, workers=workers, prefetch=prefetch)
+    return pipe.fetch().shuffle(buffer_size=4).batch(4)
+
+
+@pytest.mark.parametrize("prefetch", [0, 3])
+@pytest.mark.parametrize("workers", [0, pytest.param(1, marks=pytest.mark.processes)])
+@pytest.mark.parametrize("taken", [0, 1, 5])
+def test_next_after_close_is_one_clear_error(workers: int, prefetch: int, taken: int) -> None:
+    with _small(0, 0) as ref:
+        expected = take(ref, taken + 3)[taken:]
+    pipe = _small(workers, prefetch)
+    for _ in range(taken):
+        next(pipe)
+    pipe.close()
+    for _ in range(3):  # every time, never a batch
+        with pytest.raises(zp.PipelineClosedError, match=r"the pipeline is closed: next\(\) after"):
+            next(pipe)
+    state = pipe.checkpoint()  # the state at the last delivered batch stays readable
+    with pytest.raises(zp.PipelineClosedError):
+        pipe.restore(state)
+    with _small(0, 0) as again:
+        again.restore(state)
+        assert all(np.array_equal(a, b) for a, b in zip(take(again, 3), expected, strict=True))

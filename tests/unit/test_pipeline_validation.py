@@ -255,7 +255,7 @@ def test_replay_filter_is_named_after_the_last_operator_without_batch() -> None:
     text = zp.Pipeline(src).fetch().map(len).explain()
     assert "  map_replay_filter@p1" in text.splitlines()  # a stateful stage of its own
     text = zp.Pipeline(src).fetch().tokenize(zp.ByteTokenizer()).split(4).pack(4).explain()
-    assert "  pack@p1 -> pack_replay_filter@p1" in text.splitlines()
+    assert "  tokenize+split+pack@p1 -> pack_replay_filter@p1" in text.splitlines()
     assert "batch_replay_filter" not in text
 
 
@@ -328,7 +328,7 @@ def test_restore_missing_lanes_and_malformed_states() -> None:
     [
         ({"indices": b"\0" * 12}, r"chunk arrays of \d+ and 12 bytes are not int32 and int64"),
         ({"components": [0, 0]}, r"components and indices must be bytes; got list and bytes"),
-        ({"seed": "x"}, r"invalid literal for int"),
+        ({"seed": "x"}, r"chunk seed must be an int in \[0, 18446744073709551616\); got str 'x'"),
         ({"lane": 1}, r"in-flight chunks must be this lane's"),
     ],
     ids=["lengths", "not bytes", "seed", "lane"],

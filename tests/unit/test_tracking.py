@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 
@@ -184,3 +186,70 @@ def test_add_run_counts_many_pieces_in_c_and_python_alike(monkeypatch):
         assert track.add_run(pieces, 100) == len(pieces) - 1  # stops at chunk 4
         seen.append((track.bitmap, track.closed, track.delivered, track.total))
     assert seen[0] == seen[1] and seen[0][0] == 2**64 - 1 and seen[0][1] == 64
+
+
+def _fresh_states(pipe) -> list:
+    """Every lane's state rebuilt from scratch (what the cache must equal)."""
+    engine = pipe._engine
+    out = []
+    for lane in engine.lanes:
+        tracker = engine.trackers[lane]
+        cached, tracker._state = tracker._state, None
+        out.append(copy.deepcopy(tracker.state()))
+        tracker._state = cached
+    return out
+
+
+@pytest.mark.parametrize("lanes", [3, 70])  # 70: lazy lane outputs too
+def test_a_lane_state_is_rebuilt_exactly_when_the_lane_moves(lanes: int) -> None:
+    import zephon as zp
+
+    src = zp.StaticMixtureWorkSource([zp.ArraySource(np.arange(2000))], seed=0, chunk_size=8)
+    pipe = zp.Pipeline(src, canonical_replicas=lanes, flush_every_k_chunks=2, prefetch=2)
+    pipe = pipe.fetch().shuffle(buffer_size=5).batch(3)
+    kept = []
+    with pipe:
+        for step in range(4 * lanes):
+            next(pipe)
+            if step % 7 == 0:
+                with pipe._engine.lock:  # the pump pulls meanwhile: compare at one moment
+                    state = pipe.checkpoint()
+                    assert state["lanes"] == _fresh_states(pipe)
+                kept.append((state, copy.deepcopy(state)))
+        # What an earlier checkpoint returned never changes as the lanes move on.
+        assert all(state == copy_then for state, copy_then in kept)
+
+
+@pytest.mark.parametrize("components", [1, 2])
+def test_a_stored_pointer_outside_the_datasets_names_its_chunk_and_offset(components) -> None:
+    import zephon as zp
+    from zephon.errors import CheckpointError
+
+    datasets = [zp.ArraySource(np.arange(50 + 10 * c)) for c in range(components)]
+    src = zp.StaticMixtureWorkSource(datasets, seed=0, chunk_size=4)
+    with (
+        zp.Pipeline(src, canonical_replicas=1, flush_every_k_chunks=3)
+        .fetch()
+        .shuffle(buffer_size=64)
+        .batch(2) as pipe
+    ):
+        for _ in range(5):
+            next(pipe)
+        state = copy.deepcopy(pipe.checkpoint())
+    (lane,) = state["lanes"]
+    assert len(lane["inflight"]) >= 2
+    second = lane["inflight"][1]
+    indices = np.frombuffer(second["indices"], dtype="<i8").copy()
+    indices[2] = 10_000
+    second["indices"] = indices.tobytes()
+    again = zp.Pipeline(
+        zp.StaticMixtureWorkSource(datasets, seed=0, chunk_size=4),
+        canonical_replicas=1,
+        flush_every_k_chunks=3,
+    )
+    again = again.fetch().shuffle(buffer_size=64).batch(2)
+    with pytest.raises(CheckpointError) as info:
+        again.restore(state)
+    chunk = second["chunk_id"]
+    assert f"in-flight chunk {chunk} points at component" in str(info.value)
+    assert "index 10000 (offset 2), outside the datasets" in str(info.value)

@@ -12,7 +12,7 @@ import errno
 import os
 import secrets
 
-__all__ = ["atomic_write_bytes", "fsync_dir", "temp_path"]
+__all__ = ["atomic_write_bytes", "fsync_dir", "naming_target", "temp_path"]
 
 # fsync on a directory fd is refused by some filesystems (and by Windows, where a directory
 # cannot be opened at all). The rename has happened by then; there is nothing better to do.
@@ -54,7 +54,12 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes | bytearray | memoryview) -> int:
+def atomic_write_bytes(
+    path: str | os.PathLike[str],
+    data: bytes | bytearray | memoryview,
+    *,
+    make_parents: bool = False,
+) -> int:
     """Replace ``path`` with ``data`` atomically and durably.
 
     Writes a temp file in the same directory (see :func:`temp_path`), flushes and fsyncs it,
@@ -69,18 +74,35 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes | bytearray | m
     Args:
         path: the file to write.
         data: the complete new contents.
+        make_parents: create missing parent directories first (each one synced into its
+            own parent, so that the new file's path survives a power cut too).
 
     Returns:
         The number of bytes written.
 
     Raises:
-        OSError: the temp file cannot be created, written or synced, or the rename fails.
+        OSError: a parent directory cannot be created, the temp file cannot be created,
+            written or synced, or the rename fails. Of the type and errno of the failure,
+            with ``filename`` the absolute target path (never the temp file's), so that
+            ``str(e)`` reads like ``[Errno 28] No space left on device: '/abs/ck.zph'``.
     """
     target = os.path.abspath(os.fspath(path))
     tmp = temp_path(target)
     # O_EXCL: never write through a file (or symlink) someone else put at the temp name.
     # Python makes the fd non-inheritable itself (PEP 446).
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+    try:
+        try:
+            fd = os.open(tmp, flags, 0o666)
+        except FileNotFoundError:
+            if not make_parents:
+                raise
+            _make_dirs(os.path.dirname(target), target)
+            fd = os.open(tmp, flags, 0o666)
+    except NotADirectoryError as e:
+        raise naming_target(e, target, _file_in_the_way(target)) from e
+    except OSError as e:
+        raise naming_target(e, target) from e
     try:
         try:
             f = open(fd, "wb")  # the file object owns fd from here on
@@ -92,11 +114,66 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes | bytearray | m
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as e:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if isinstance(e, OSError):
+            raise naming_target(e, target) from e
         raise
-    fsync_dir(os.path.dirname(target))
+    try:
+        fsync_dir(os.path.dirname(target))
+    except OSError as e:
+        raise naming_target(e, target, "syncing its directory after the rename") from e
     return written
+
+
+def naming_target(error: OSError, target: str, doing: str = "") -> OSError:
+    """``error`` again (same type and errno) with ``target`` as its filename: what failed
+    is named by the file the caller asked for, not by a temp file or a directory."""
+    detail = error.strerror or str(error) or type(error).__name__
+    if doing:
+        detail = f"{detail} ({doing})"
+    if error.errno is None:
+        return type(error)(f"{detail}: {target!r}")
+    return OSError(error.errno, detail, target)  # OSError picks the subclass from errno
+
+
+def _file_in_the_way(target: str) -> str:
+    """Which ancestor of ``target`` is not a directory, in words ("" if none is found)."""
+    parent = os.path.dirname(target)
+    while os.path.dirname(parent) != parent:
+        if os.path.lexists(parent) and not os.path.isdir(parent):
+            return f"{parent} is not a directory"
+        parent = os.path.dirname(parent)
+    return ""
+
+
+def _make_dirs(directory: str, target: str) -> None:
+    """Create ``directory`` and its missing parents, each synced into its parent; only what
+    is missing is touched (an ancestor that cannot even be looked at is never created)."""
+    parent = os.path.dirname(directory)
+    try:
+        try:
+            os.mkdir(directory)
+        except FileNotFoundError:
+            if parent == directory:
+                raise
+            _make_dirs(parent, target)
+            os.mkdir(directory)
+    except FileExistsError:
+        if os.path.isdir(directory):
+            return  # another writer made it meanwhile
+        # A file stands where a directory must go.
+        raise naming_target(
+            NotADirectoryError(errno.ENOTDIR, f"{directory} is not a directory"), target
+        ) from None
+    except OSError as e:
+        if e.filename == target:  # from a deeper call: already named
+            raise
+        raise naming_target(e, target, f"creating the directory {directory}") from e
+    try:
+        fsync_dir(parent)
+    except OSError as e:
+        raise naming_target(e, target, f"syncing {parent}") from e

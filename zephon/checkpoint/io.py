@@ -107,7 +107,8 @@ def dumps(state: dict[str, Any], *, level: int = 3) -> bytes:
 
 
 def save(path: str | os.PathLike[str], state: dict[str, Any], *, level: int = 3) -> int:
-    """Write a checkpoint state to ``path`` atomically (temp file, fsync, rename, fsync dir).
+    """Write a checkpoint state to ``path`` atomically (temp file, fsync, rename, fsync dir),
+    creating missing parent directories.
 
     A crash at any point leaves either the old file or the new one at ``path``.
 
@@ -116,9 +117,11 @@ def save(path: str | os.PathLike[str], state: dict[str, Any], *, level: int = 3)
 
     Raises:
         CheckpointError: ``state`` cannot be serialised (see :func:`dumps`); nothing is written.
-        OSError: the file cannot be written; ``path`` is untouched and no temp file remains.
+        OSError: the file cannot be written (a full disk, no permission, a file where a
+            directory must be); ``path`` is untouched, no temp file remains, and the error
+            names ``path`` (as its ``filename``).
     """
-    return atomic_write_bytes(path, dumps(state, level=level))
+    return atomic_write_bytes(path, dumps(state, level=level), make_parents=True)
 
 
 _SCALAR_TYPES = frozenset({str, bytes, float, bool, type(None)})

@@ -21,9 +21,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from zephon.engine import LOCKSTEP
 from zephon.errors import CheckpointError
 from zephon.pipeline import Pipeline
+from zephon.runners.lanes import LOCKSTEP
 
 __all__ = ["GlobalBatches", "global_batches"]
 

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from zephon._fingerprint import call_parameters
 from zephon.records import FlushSentinel, Record, Tombstone
 
 Output = Record | Tombstone
@@ -104,6 +105,12 @@ class Operator:
     def fingerprint(self) -> str:
         """A stable description of the definition (parameters, not state)."""
         return repr(self)
+
+    def fingerprint_parts(self) -> dict[str, str]:
+        """:meth:`fingerprint` by parameter, so that a checkpoint mismatch can name the one
+        that differs. The default reads a fingerprint written as ``Name(a=1, b=2)``; any
+        other text is one part, ``definition``."""
+        return call_parameters(self.fingerprint())
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

@@ -2,23 +2,21 @@
 
 The replay filter sits right before ``batch``, so batches always start from an empty buffer
 at the checkpoint cut; that is why ``batch`` alone may hold records across an epoch
-boundary. ``allocate`` lets a worker hand out arrays that live in a shared-memory ring slot,
-so rows are stacked straight into the slot. With ``defer`` (set by the in-process executor)
-rows are stacked when the batch's data is first read: restoring, or starting, to the first
-batch then stacks one batch, not every batch the lane's first chunk fills.
+boundary. Rows are stacked when the batch is built (:meth:`~zephon.records.LazyRecord.
+materialize`): restoring, or starting, to the first batch stacks one batch, not every batch
+the lane's first chunk fills, and a worker builds it straight into a shared-memory ring
+slot (the allocator it passes hands out arrays in the slot).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 
 from zephon.operators.base import LaneStateOperator, OpTraits, Output
-from zephon.records import BatchRecord, Record, Tombstone
-
-Allocator = Callable[[int, dict[str, tuple[tuple[int, ...], np.dtype]]], dict[str, np.ndarray]]
+from zephon.records import Allocator, BatchRecord, Record, Tombstone
 
 
 def _default_allocate(
@@ -38,10 +36,6 @@ class Batch(LaneStateOperator):
             raise ValueError(f"batch(batch_size=...) must be a positive int; got {batch_size!r}")
         self.batch_size = batch_size
         self.drop_last = drop_last
-        self.allocate: Allocator = _default_allocate
-        #: Stack on first read of ``data`` (the engine's prefetch pump reads it ahead, on its
-        #: own thread); worker processes stack straight into a ring slot instead.
-        self.defer = False
 
     def process(self, record: Record) -> Iterable[Output]:
         buf = self._lanes.get(record.lane)
@@ -60,13 +54,11 @@ class Batch(LaneStateOperator):
             for comp, w in r.mix.items():
                 mix[comp] = mix.get(comp, 0) + w
         lane, last, n = records[0].lane, records[-1].cursor, len(records)
-        if self.defer:
-            return BatchRecord(
-                None, lane, contributors, mix, last, n, build=lambda: self._stack_data(records)
-            )
-        return BatchRecord(self._stack_data(records), lane, contributors, mix, last, n)
+        return BatchRecord(
+            None, lane, contributors, mix, last, n, build=lambda a: self._stack_data(records, a)
+        )
 
-    def _stack_data(self, records: list[Record]) -> Any:
+    def _stack_data(self, records: list[Record], allocate: Allocator | None) -> Any:
         first = records[0].data
         n = len(records)
         if isinstance(first, dict):
@@ -86,7 +78,7 @@ class Batch(LaneStateOperator):
                     )
                 # the widest dtype of the rows: never narrow a later record silently
                 spec[k] = ((n, *a.shape), np.result_type(*rows))
-            out = self.allocate(records[0].lane, spec)
+            out = (allocate or _default_allocate)(records[0].lane, spec)
             for k in spec:
                 np.stack([r.data[k] for r in records], out=out[k])
             return out

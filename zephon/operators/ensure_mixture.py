@@ -5,6 +5,10 @@ gave it most tokens). Whenever every positive-weight component has a record wait
 more than ``buffer_size`` records wait, the record from the component with the largest
 deficit ``w_c * emitted_total - emitted_c`` goes out. Deficits are counted in the records'
 ``mix`` (tokens once tokenized) and reset with the lane at every flush.
+
+After ``restore(allow_mixture_change=True)`` the pipeline may :meth:`EnsureMixture.hold` a
+lane's old weights until the flush that ends the epochs being replayed, so that the
+replayed records come out in the order they did before the restore.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from zephon.operators.base import LaneStateOperator, OpTraits, Output, PipelineContext
-from zephon.records import Record
+from zephon.records import FlushSentinel, Record
 
 
 class _Mix:
@@ -49,6 +53,9 @@ class EnsureMixture(LaneStateOperator):
         self.buffer_size = buffer_size
         self._w: tuple[float, ...] = ()
         self._active: tuple[int, ...] = ()
+        # lane -> [(flush chunk id it holds until, weights, active components), ...]; hold()
+        self._held: dict[int, list[tuple[int, tuple[float, ...], tuple[int, ...]]]] = {}
+        self._releasing: dict[int, int] = {}  # lane -> boundary of the flush under way
 
     def bind(self, ctx: PipelineContext) -> None:
         weights = self.weights if self.weights is not None else ctx.weights
@@ -78,6 +85,30 @@ class EnsureMixture(LaneStateOperator):
         self._w = tuple(w / s for w in weights)
         self._active = tuple(i for i, w in enumerate(self._w) if w > 0)
 
+    def hold(self, held: Mapping[int, Sequence[tuple[int, Sequence[float]]]]) -> None:
+        """Per lane, weights (in this pipeline's component order) to use instead of the
+        bound ones until the flush sentinel of chunk ``until`` (or a later one) has passed:
+        ``{lane: [(until, weights), ...]}`` in ascending ``until``; replaces what was held.
+        A hook for ``Pipeline.restore(allow_mixture_change=True)``."""
+        self._held = {
+            lane: [
+                (int(until), tuple(w), tuple(c for c, x in enumerate(w) if x > 0))
+                for until, w in entries
+            ]
+            for lane, entries in held.items()
+            if entries
+        }
+        self._releasing = {}
+
+    def _weights(self, lane: int) -> tuple[tuple[float, ...], tuple[int, ...]]:
+        held = self._held.get(lane) if self._held else None
+        return (self._w, self._active) if not held else (held[0][1], held[0][2])
+
+    def on_sentinel(self, sentinel: FlushSentinel) -> None:
+        held = self._held.get(sentinel.lane) if self._held else None
+        if held:
+            self._releasing[sentinel.lane] = -1 if sentinel.final else sentinel.boundary
+
     def _state(self, lane: int) -> _Mix:
         st = self._lanes.get(lane)
         if st is None:
@@ -95,14 +126,13 @@ class EnsureMixture(LaneStateOperator):
         st.queues[comp].append(record)
         st.waiting += 1
         out: list[Output] = []
-        while st.waiting and (
-            st.waiting > self.buffer_size or all(st.queues[c] for c in self._active)
-        ):
-            out.append(self._pop(st))
+        w, active = self._weights(record.lane)
+        while st.waiting and (st.waiting > self.buffer_size or all(st.queues[c] for c in active)):
+            out.append(self._pop(st, w))
         return out
 
-    def _pop(self, st: _Mix) -> Record:
-        w, total, emitted = self._w, st.total, st.emitted
+    def _pop(self, st: _Mix, w: tuple[float, ...]) -> Record:
+        total, emitted = st.total, st.emitted
         best, best_deficit = -1, -math.inf
         for c, q in enumerate(st.queues):
             if q:
@@ -119,11 +149,32 @@ class EnsureMixture(LaneStateOperator):
     def flush(self, reset: bool, lane_id: int) -> Iterable[Output]:
         st = self._lanes.get(lane_id)
         if st is None:
+            if reset:
+                self._release(lane_id)
             return ()
-        out = [self._pop(st) for _ in range(st.waiting)]
+        w, _ = self._weights(lane_id)
+        out = [self._pop(st, w) for _ in range(st.waiting)]
         if reset:
             del self._lanes[lane_id]
+            self._release(lane_id)
         return out
+
+    def _release(self, lane_id: int) -> None:
+        boundary = self._releasing.pop(lane_id, None)
+        if boundary is None:
+            return
+        held = [h for h in self._held.get(lane_id, []) if boundary >= 0 and h[0] > boundary]
+        if held:
+            self._held[lane_id] = held
+        else:
+            self._held.pop(lane_id, None)
+
+    def fresh(self) -> EnsureMixture:
+        clone = super().fresh()
+        assert isinstance(clone, EnsureMixture)
+        clone._held = {lane: list(entries) for lane, entries in self._held.items()}
+        clone._releasing = {}
+        return clone
 
     def pending(self, lane_id: int) -> int:
         st = self._lanes.get(lane_id)

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from zephon.chunks import SamplePointer, WorkChunk
+from zephon.chunks import SamplePointer
 from zephon.operators.base import Operator, OpTraits, Output, PipelineContext
-from zephon.records import Contributor, Record
+from zephon.records import Record
 
 
 def read_many(dataset: Any, indices: list[int]) -> list[Any]:
@@ -46,34 +46,10 @@ class Fetch(Operator):
 
     def process_batch(self, records: list[Record]) -> list[Output]:
         pointers = [r.data for r in records]
-        samples = self._read([c for c, _ in pointers], [i for _, i in pointers])
+        samples = self.read([c for c, _ in pointers], [i for _, i in pointers])
         return [r.replace(s) for r, s in zip(records, samples, strict=True)]
 
-    def expand_chunk(self, chunk: WorkChunk) -> list[Record]:
-        """The chunk's records with their samples already read: what ``process_batch``
-        returns for ``expand(chunk)``, without building pointer records first."""
-        comps, samples = self.read_chunk(chunk)
-        return self.records(chunk, comps, samples)
-
-    @staticmethod
-    def records(
-        chunk: WorkChunk, comps: list[int], samples: list[Any], first: int = 0
-    ) -> list[Record]:
-        """The records of ``chunk``'s offsets from ``first`` on, given what
-        :meth:`read_chunk` returned for it."""
-        lane, cid = chunk.lane, chunk.chunk_id
-        new = tuple.__new__
-        return [
-            Record(samples[off], lane, [new(Contributor, (cid, off, 0, True))], {comps[off]: 1})
-            for off in range(first, len(samples))
-        ]
-
-    def read_chunk(self, chunk: WorkChunk) -> tuple[list[int], list[Any]]:
-        """The chunk's components and samples, in offset order."""
-        comps = chunk.components.tolist()
-        return comps, self._read(comps, chunk.indices.tolist())
-
-    def _read(self, comps: list[int], indices: list[int]) -> list[Any]:
+    def read(self, comps: list[int], indices: list[int]) -> list[Any]:
         """Sample ``k`` is row ``indices[k]`` of dataset ``comps[k]``; one read per dataset."""
         if comps and comps.count(comps[0]) == len(comps):
             return read_many(self._datasets[comps[0]], indices)

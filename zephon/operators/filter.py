@@ -37,5 +37,8 @@ class Filter(Operator):
     def fingerprint(self) -> str:
         return f"Filter({describe_callable(self.pred)})"
 
+    def fingerprint_parts(self) -> dict[str, str]:
+        return {"pred": describe_callable(self.pred)}
+
     def __repr__(self) -> str:
         return f"Filter(pred={getattr(self.pred, '__qualname__', self.pred)!s})"

@@ -33,6 +33,9 @@ class Map(Operator):
     def fingerprint(self) -> str:
         return f"Map({describe_callable(self.fn)})"
 
+    def fingerprint_parts(self) -> dict[str, str]:
+        return {"fn": describe_callable(self.fn)}
+
     def __repr__(self) -> str:
         return (
             f"Map(fn={getattr(self.fn, '__qualname__', self.fn)!s}, parallelism={self.parallelism})"

@@ -87,5 +87,8 @@ class Tokenize(Operator):
     def fingerprint(self) -> str:
         return f"Tokenize({self.tokenizer!r}, field={self.field!r})"
 
+    def fingerprint_parts(self) -> dict[str, str]:
+        return {"tokenizer": repr(self.tokenizer), "field": repr(self.field)}
+
     def __repr__(self) -> str:
         return f"Tokenize(tokenizer={self.tokenizer!r}, field={self.field!r}, parallelism={self.parallelism})"

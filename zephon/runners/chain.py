@@ -1,216 +1,224 @@
-"""Runs a compiled operator chain over feed units of the lanes this process owns.
+"""Runs a compiled plan over feed units of the lanes this process owns.
 
 The same object runs in the parent (``workers=0``) and inside each worker process. A feed
 unit is what :meth:`LaneTracker.pull` returns: a chunk, possibly followed by a flush
-sentinel, or the final sentinel. Items move through the chain one operator at a time (a
-whole layer per operator), which gives exactly the order a record-at-a-time push would,
-and lets stateless operators work on a chunk at once, on threads if they ask for it.
+sentinel, or the final sentinel. The plan's head turns a chunk into records; they move
+through the plan's steps one step at a time (a whole layer per step), which gives exactly
+the order a record-at-a-time push would, and lets stateless operators work on a chunk at
+once, on threads if they ask for it. The runner does not know what a step is: an operator,
+or a stage standing for several (:mod:`zephon.stages`).
 
 Tombstones skip the rest of the chain; they travel with the lane's next output. Outputs are
 :class:`LaneOutput`: one record or batch (or none, at the end of a lane) plus the
 contributors that were tombstoned since the lane's previous output.
+
+Operators' counters are kept per lane. The first output of every run of the chain carries
+a :class:`LaneCounts` snapshot of its lane's counters, so what ``stats()`` reports can be
+counted at delivery: the same whichever process ran the lane and however far ahead.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, NamedTuple
 
-from zephon.chunks import SamplePointer, WorkChunk
+from zephon.chunks import WorkChunk
+from zephon.compile import Plan
 from zephon.errors import ContractViolation
 from zephon.operators.base import Operator, OpStats
-from zephon.operators.fetch import Fetch
-from zephon.operators.fused import TokenizeSplitPack, fusable
-from zephon.operators.pack import Pack
 from zephon.records import Contributor, FlushSentinel, Record, Tombstone
-from zephon.replay import ReplayFilter
+from zephon.stages.base import ReplayView
+from zephon.stages.read import ChunkRecords
+
+
+class LaneCounts(NamedTuple):
+    """One lane's operator counters at one moment: ``(records_in, records_out, seconds)``
+    per operator of the chain, and how many records the replay filter dropped."""
+
+    ops: list[tuple[int, int, float]]
+    replay_dropped: int
 
 
 class LaneOutput:
-    """What a lane hands to the consumer: ``record`` (None at the end) + tombstoned pieces."""
+    """What a lane hands to the consumer: ``record`` (None at the end) + tombstoned pieces,
+    and, on the first output of a run of the chain, the lane's counters after that run."""
 
-    __slots__ = ("lane", "record", "tombstones", "end", "lease")
+    __slots__ = ("lane", "record", "tombstones", "end", "lease", "counts")
 
     def __init__(
-        self, lane: int, record: Record | None, tombstones: list[Contributor], end: bool = False
+        self,
+        lane: int,
+        record: Record | None,
+        tombstones: list[Contributor],
+        end: bool = False,
+        counts: LaneCounts | None = None,
     ) -> None:
         self.lane = lane
         self.record = record
         self.tombstones = tombstones
         self.end = end
         self.lease: Any = None  # a zero-copy ring slot to release once the consumer moves on
+        self.counts = counts
 
     def __repr__(self) -> str:
         return f"LaneOutput(lane={self.lane}, record={self.record!r}, tombstones={len(self.tombstones)}, end={self.end})"
 
 
-def expand(chunk: WorkChunk) -> list[Record]:
-    """One record per pointer; its data is the pointer until ``fetch`` resolves it."""
-    lane, cid = chunk.lane, chunk.chunk_id
-    comps = chunk.components.tolist()
-    idx = chunk.indices.tolist()
-    return [
-        Record(SamplePointer(c, i), lane, [Contributor(cid, off, 0, True)], {c: 1})
-        for off, (c, i) in enumerate(zip(comps, idx, strict=True))
-    ]
-
-
-_T = TypeVar("_T")
-
-#: How many samples :meth:`ChainRunner.feed` runs first while a lane's first output is
-#: awaited (about the pieces of a few packed rows); each further step runs twice as many.
+#: How many samples :meth:`ChainRunner.feed` runs first while a lane's output is awaited
+#: (about the pieces of a few packed rows); each further step runs twice as many.
 FIRST_STEP = 8
-_UNREAD = -1  # a feed segment that is a chunk still to read
 
-#: Run ``tokenize -> split -> pack`` as one stage where the chain has it (see
-#: :mod:`zephon.operators.fused`); tests turn it off to compare the two paths.
-FUSE = True
+#: A segment of a feed unit still to run: ``(step index, items)``, where items are a
+#: chunk not read yet, a chunk's records still to take, or flush sentinels.
+_Segment = tuple[int, Any]
 
 
 class ChainRunner:
-    def __init__(self, ops: Sequence[Operator], pool: ThreadPoolExecutor | None = None) -> None:
-        self.ops = list(ops)
+    """Runs ``plan``'s head and steps over fresh copies of its operators.
+
+    Args:
+        plan: the compiled plan (:func:`~zephon.compile.compile_plan`).
+        pool: threads for the stateless operators that ask for them.
+    """
+
+    def __init__(self, plan: Plan, pool: ThreadPoolExecutor | None = None) -> None:
+        self.ops: list[Operator] = [op.fresh() for op in plan.ops]
         self.pool = pool
-        self.stats = [OpStats() for _ in self.ops]
+        self.head, self.steps = plan.build(self.ops)
+        self.replay_filter = self.ops[plan.filter_index]
+        self._replay = ReplayView(self.replay_filter.targets)  # type: ignore[attr-defined]
+        #: The counters of the lane being run (see :meth:`_select`), one per operator.
+        self.stats: list[OpStats] = [OpStats() for _ in self.ops]
+        self._lane_stats: dict[int, list[OpStats]] = {}
+        self._self_counting = [step for step in self.steps if step.counts_itself]
+        # A first step that takes a chunk's read samples as they are, without records.
+        first = self.steps[0].run if self.steps and self.head.fetch is not None else None
+        self._takes_samples = first if hasattr(first, "process_samples") else None
+        self._unused = OpStats()  # what a self-counting step's place in the chain counts
         self._tombs: dict[int, list[Contributor]] = {}
-        self._rest: dict[int, list[tuple[int, list[Any]]]] = {}  # see feed(first=True)
-        # What _push runs: the operators, with fusable runs replaced by their fused stage
-        # (which keeps the three operators' own counters; the step's are unused).
-        self._steps: list[tuple[Operator, OpStats]] = []
-        i = 0
-        while i < len(self.ops):
-            fused = fusable(self.ops, i, threaded=pool is not None) if FUSE else None
-            if fused is not None:
-                tok, split, pack = fused
-                stats = (self.stats[i], self.stats[i + 1], self.stats[i + 2])
-                self._steps.append((TokenizeSplitPack(tok, split, pack, stats), OpStats()))
-                i += 3
-            else:
-                self._steps.append((self.ops[i], self.stats[i]))
-                i += 1
-        # A pack right before the replay filter drops, after a restore, the bins the filter
-        # would drop, as it emits them: they are never turned into records.
-        for before, op in zip(self.ops, self.ops[1:], strict=False):
-            if isinstance(op, ReplayFilter) and type(before) is Pack:
-                before.screen = op
-        # A leading built-in fetch on this thread reads each chunk's samples as it expands
-        # it (it is stateless: sentinels pass it untouched); the chain proper starts after it.
-        head = self.ops[0] if self.ops else None
-        self._fetch = head if type(head) is Fetch and head.parallelism <= 1 else None
-        # After it a fused stage takes the samples of a replaying lane's chunk straight from
-        # fetch (see TokenizeSplitPack.forward): no record per sample.
-        second = self._steps[1][0] if self._fetch is not None and len(self._steps) > 1 else None
-        self._forward = second if isinstance(second, TokenizeSplitPack) else None
+        self._rest: dict[int, list[_Segment]] = {}  # see feed(first=True)
+
+    def _select(self, lane: int) -> None:
+        """Points the counters (``stats``, the self-counting stages') at ``lane``'s."""
+        stats = self._lane_stats.get(lane)
+        if stats is None:
+            stats = self._lane_stats[lane] = [OpStats() for _ in self.ops]
+        self.stats = stats
+        for step in self._self_counting:
+            step.run.counters = [stats[i] for i in step.ops]
+
+    def counts(self, lane: int) -> LaneCounts:
+        """``lane``'s counters now."""
+        stats = self._lane_stats.get(lane) or [OpStats() for _ in self.ops]
+        dropped = self.replay_filter.dropped.get(lane, 0)  # type: ignore[attr-defined]
+        return LaneCounts([(s.records_in, s.records_out, s.seconds) for s in stats], dropped)
 
     def feed(
         self, items: Sequence[WorkChunk | FlushSentinel], first: bool = False
     ) -> list[LaneOutput]:
         """Runs a feed unit of one lane through the chain; the lane's outputs.
 
-        With ``first`` (the lane has not produced an output since a start or restore), the
-        unit's samples go through in growing steps (see :data:`FIRST_STEP`) and the call
-        returns as soon as an output is ready: the first batch waits for the samples it
-        needs, not for the whole chunk. The rest waits in the runner; :meth:`resume` runs it
-        (before the lane's next unit). Operators see the same records in the same order
-        either way.
+        With ``first``, the unit's samples go through in growing steps (see
+        :data:`FIRST_STEP`) and the call returns as soon as an output is ready: a batch
+        waits for the samples it needs, not for the whole chunk (a lane that replays after
+        a restore, whose outputs are all dropped until its target, takes whole chunks until
+        then). The rest waits in the runner; :meth:`resume` runs it (before the lane's next
+        unit). Operators see the same records in the same order either way.
         """
-        start = 0 if self._fetch is None else 1
-        segments: list[tuple[int, list[Any]]] = []
-        layer: list[Any] = []
+        start = self.head.start
+        segments: list[_Segment] = []
         for it in items:
-            if not isinstance(it, WorkChunk):
-                layer.append(it)
-            elif self._fetch is None:
-                layer.extend(expand(it))
-            else:  # read when the segments before it have run (see _read)
-                if layer:
-                    segments.append((start, layer))
-                    layer = []
-                segments.append((_UNREAD, [it]))
-        if layer:
-            segments.append((start, layer))
-        return self._drive(segments, first)
+            if isinstance(it, WorkChunk):
+                segments.append((start, it))
+            elif segments and type(segments[-1][1]) is list:
+                segments[-1][1].append(it)
+            else:
+                segments.append((start, [it]))
+        return self._drive(items[0].lane, segments, first)
 
     def suspended(self, lane: int) -> bool:
         """Whether a :meth:`feed` with ``first`` left part of ``lane``'s unit to run."""
         return lane in self._rest
 
-    def resume(self, lane: int) -> list[LaneOutput]:
-        """Runs what a :meth:`feed` with ``first`` left of ``lane``'s unit, all of it."""
-        return self._drive(self._rest.pop(lane), False)
+    def resume(self, lane: int, first: bool = False) -> list[LaneOutput]:
+        """Runs what a :meth:`feed` with ``first`` left of ``lane``'s unit: all of it, or
+        with ``first`` again until an output is ready."""
+        return self._drive(lane, self._rest.pop(lane), first)
 
-    def _drive(self, segments: list[tuple[int, list[Any]]], first: bool) -> list[LaneOutput]:
-        """Pushes ``segments`` (``(stage, items)``, in order) through the chain; with
+    def _drive(self, lane: int, segments: list[_Segment], first: bool) -> list[LaneOutput]:
+        """Pushes ``segments`` (in order, all of ``lane``) through the chain; with
         ``first``, stops once a record has come out and keeps the rest in ``_rest``."""
-        start = 0 if self._fetch is None else 1
+        self._select(lane)
         produced: list[Any] = []
-        final_lanes: list[int] = []
+        final = False
         step = FIRST_STEP
         while segments:
-            stage, items = segments.pop(0)
-            if stage == _UNREAD:
-                got = self._read(items[0], first, produced)
-                if got and segments and segments[0][0] == got[-1][0]:  # one push, not two
-                    got[-1] = (got[-1][0], got[-1][1] + segments.pop(0)[1])
-                segments[:0] = got
-                continue
-            if first and stage == start and len(items) > step:
-                segments.insert(0, (stage, items[step:]))
-                items = items[:step]
-                step *= 2  # few calls, should the first output need the whole chunk
-            final_lanes.extend(it.lane for it in items if type(it) is FlushSentinel and it.final)
-            produced.extend(self._push(items, stage))
+            start, items = segments.pop(0)
+            if isinstance(items, WorkChunk):
+                items = self._read(items)
+            if type(items) is ChunkRecords:
+                # While the lane replays everything it makes is dropped: whole chunks then.
+                whole = not first or self._replay.replaying(lane)
+                n = len(items) if whole else step
+                if self._takes_samples is not None:
+                    lo, hi, rest = items.split(n)
+                    if rest is not None:
+                        segments.insert(0, (start, rest))
+                        step *= 2
+                    made = self._takes_samples.process_samples(
+                        items.chunk, items.comps, items.samples, lo, hi
+                    )
+                    produced.extend(self._push(made, start + 1))
+                    if first and segments and any(type(it) is not Tombstone for it in produced):
+                        self._rest[lane] = segments
+                        break
+                    continue
+                records, rest = items.take(n)
+                if rest is not None:
+                    segments.insert(0, (start, rest))
+                    step *= 2  # few calls, should the output need the whole chunk
+                elif segments and type(segments[0][1]) is list:
+                    records += segments.pop(0)[1]  # its sentinels: one push, not two
+                items = records
+            final = final or any(type(it) is FlushSentinel and it.final for it in items)
+            produced.extend(self._push(items, start))
             if first and segments and any(type(it) is not Tombstone for it in produced):
-                self._rest[produced[0].lane] = segments
+                self._rest[lane] = segments
                 break
         out: list[LaneOutput] = []
         for it in produced:
             if type(it) is Tombstone:
-                self._tombs.setdefault(it.lane, []).extend(it.contributors)
+                self._tombs.setdefault(lane, []).extend(it.contributors)
             else:
-                out.append(LaneOutput(it.lane, it, self._tombs.pop(it.lane, [])))
-        for lane in final_lanes:
+                out.append(LaneOutput(lane, it, self._tombs.pop(lane, [])))
+        if final:
             out.append(LaneOutput(lane, None, self._tombs.pop(lane, []), end=True))
+        if out:
+            out[0].counts = self.counts(lane)
         return out
 
-    def _read(
-        self, chunk: WorkChunk, first: bool, produced: list[Any]
-    ) -> list[tuple[int, list[Any]]]:
-        """Reads ``chunk`` with the leading fetch: the segment of its records. A replaying
-        lane's samples go to the fused stage's :meth:`~TokenizeSplitPack.forward` instead,
-        whose outputs join ``produced``; with ``first`` it returns once the replay target is
-        found, leaving the samples after it as records."""
-        fetch, forward = self._fetch, self._forward
-        assert fetch is not None
-        start = 1
-        if forward is None or not forward.forwards(chunk.lane):
-            return [(start, self._timed_fetch(fetch, chunk, fetch.expand_chunk))]
-        comps, samples = self._timed_fetch(fetch, chunk, fetch.read_chunk)
-        keys = [(chunk.chunk_id, off) for off in range(len(comps))]
-        pieces, done = forward.forward(chunk.lane, keys, comps, samples, to_target=first)
-        produced.extend(self._push(pieces, start + 1))
-        if done == len(samples):
-            return []
-        return [(start, fetch.records(chunk, comps, samples, done))]
-
-    def _timed_fetch(self, fetch: Fetch, chunk: WorkChunk, read: Callable[[WorkChunk], _T]) -> _T:
-        """``read(chunk)``, counted in fetch's stats."""
+    def _read(self, chunk: WorkChunk) -> ChunkRecords:
+        """The head's records of ``chunk``; what the head read counts as its fetch's."""
         t0 = time.perf_counter()
-        got = read(chunk)
-        st = self.stats[0]
-        st.records_in += len(chunk)
-        st.records_out += len(chunk)
-        st.seconds += time.perf_counter() - t0
-        return got
+        records = self.head.read(chunk)
+        if self.head.fetch is not None:
+            st = self.stats[0]
+            st.records_in += len(chunk)
+            st.records_out += len(chunk)
+            st.seconds += time.perf_counter() - t0
+        return records
 
     def _push(self, items: list[Any], start: int = 0) -> list[Any]:
         if not items:
             return []
         out: list[Any] = []
-        made: OpStats | None = None  # the counters of the operator that made ``items``
-        for op, st in self._steps[start:]:
+        made: OpStats | None = None  # the counters of the step that made ``items``
+        stats = self.stats
+        for step in self.steps[start - self.head.start :]:
+            op = step.run
+            st = self._unused if step.counts_itself else stats[step.ops[0]]
             if not items:
                 break  # all tombstones: they skip the rest of the chain
             t0 = time.perf_counter()
@@ -250,17 +258,17 @@ class ChainRunner:
                 out.append(it)
         return out
 
-    def _run(self, op: Operator, records: list[Record]) -> list[Any]:
+    def _run(self, op: Any, records: list[Record]) -> list[Any]:
         """A run of records through ``op``, in order; a stateless operator that asks for
         threads gets slices of it on the pool."""
         p = op.parallelism
         if op.traits.stateful or p <= 1 or self.pool is None or len(records) < 2:
-            return op.process_batch(records)
+            return op.process_batch(records)  # type: ignore[no-any-return]
         step = -(-len(records) // p)
         slices = [records[i : i + step] for i in range(0, len(records), step)]
         return [r for part in self.pool.map(op.process_batch, slices) for r in part]
 
-    def _sentinel(self, op: Operator, sentinel: FlushSentinel) -> list[Any]:
+    def _sentinel(self, op: Any, sentinel: FlushSentinel) -> list[Any]:
         op.on_sentinel(sentinel)
         if op.stalls_at_boundaries and not sentinel.final:
             return []

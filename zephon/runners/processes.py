@@ -6,7 +6,8 @@ hands them on request, over a control pipe carrying msgpack. Finished batches co
 through one shared-memory ring per worker: ``batch`` stacks rows straight into a reserved
 ring slot, and the metadata (contributors, tombstones, the replay cursor) travels as
 msgpack in the same slot. No pickle on the data path; the pipeline definition itself is
-shipped once at start-up with dill, so lambdas and closures work.
+shipped once at start-up with dill, so lambdas and closures work, and datasets travel by
+reference (``shipping.py``: memory-mapped files reopened, in-memory arrays shared once).
 
 A worker writes its outputs in exactly the order the parent will consume them (the rank's
 round-robin restricted to the worker's lanes, or every lane per step in lockstep), so the
@@ -17,9 +18,10 @@ parent's ``next()`` within seconds (a raised builtin exception keeps its type: t
 raises a class that is both, e.g. ``ValueError`` and ``WorkerError``). Workers die with the
 parent: ``PR_SET_PDEATHSIG`` fires when the *thread* that forked a child ends, so the
 workers are started from a keeper thread that lives until ``close()``, and control-pipe EOF
-stops a worker waiting for work. Workers ignore SIGINT (the parent handles Ctrl-C). The
-parent unlinks every ring on ``close()``, at interpreter exit, or when the pipeline is
-collected; a sweeper removes rings of dead parents.
+stops a worker waiting for work. Workers ignore SIGINT and SIGTERM: Ctrl-C and preemption
+are the parent's to handle (its own SIGTERM handler, if any, may still checkpoint), and
+its end ends them. Rings and the shared datasets are anonymous memfds handed to each worker
+over its control pipe: no kill of any process can leave a segment behind.
 """
 
 from __future__ import annotations
@@ -27,17 +29,18 @@ from __future__ import annotations
 import atexit
 import builtins
 import ctypes
+import dataclasses
 import math
 import os
+import select
 import signal
 import sys
 import threading
 import time
 import traceback
 from collections import deque
-from collections.abc import Callable, Iterable
-from functools import partial
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 from weakref import WeakSet
 
 import msgpack
@@ -45,14 +48,23 @@ import numpy as np
 
 from zephon.chunks import WorkChunk
 from zephon.errors import ShmError, WorkerError
-from zephon.operators.base import OpStats, Output
-from zephon.operators.batch import Batch
-from zephon.records import BatchRecord, Contributor, FlushSentinel, Record, SampleCursor
+from zephon.records import (
+    BatchRecord,
+    Contributor,
+    FlushSentinel,
+    LazyRecord,
+    Record,
+    SampleCursor,
+)
 from zephon.replay import ReplayFilter
-from zephon.runners.chain import ChainRunner, LaneOutput
+from zephon.runners.chain import ChainRunner, LaneCounts, LaneOutput
+from zephon.runners.lanes import LaneOutputs, schedule
+
+if TYPE_CHECKING:
+    from zephon.runners.shipping import Shipment
+    from zephon.shm import Segment
 
 LOOKAHEAD_FEEDS = 2  # feed units a worker keeps requested per lane, to hide the round trip
-STATS_EVERY_S = 0.05  # how often a worker sends its operators' counters along with an output
 DEFAULT_SLOT_BYTES = 4 << 20
 _POLL_S = 0.05
 _STOP_GRACE_S = 0.5  # close(): how long workers get to exit on their own before SIGKILL
@@ -108,14 +120,38 @@ class _ParentGone(Exception):
     """The control pipe broke: the parent closed it or died."""
 
 
-def _die_with_parent(parent_pid: int) -> None:
+def _die_with_parent(parent_pid: int, via_forkserver: bool) -> None:
+    """Makes this worker end when the pipeline's process ``parent_pid`` ends.
+
+    ``PR_SET_PDEATHSIG`` sends SIGKILL when the thread that forked us ends: the parent's
+    keeper thread with spawn and fork. A forkserver's children are the server's, and the
+    server outlives the parent while any of them lives (each holds the server's "alive"
+    pipe), so a worker blocked on a full ring would keep it, and itself, alive forever:
+    there a thread waits on a pidfd of the parent instead.
+    """
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
     except OSError:
         pass  # not Linux: the control pipe's EOF still stops us
-    if parent_pid and os.getppid() != parent_pid:
-        os._exit(0)  # the parent died before the prctl took effect
+    if not via_forkserver:
+        if os.getppid() != parent_pid:
+            os._exit(0)  # the parent died before the prctl took effect
+        return
+    try:
+        pidfd = os.pidfd_open(parent_pid)
+    except ProcessLookupError:
+        os._exit(0)  # the parent is gone already
+    except (AttributeError, OSError):
+        return  # no pidfd (Linux < 5.3): the control pipe's EOF still stops a waiting worker
+    threading.Thread(
+        target=_exit_when_readable, args=(pidfd,), name="zephon-parent-watch", daemon=True
+    ).start()
+
+
+def _exit_when_readable(pidfd: int) -> None:
+    select.select([pidfd], [], [])  # a pidfd turns readable when its process exits
+    os._exit(0)
 
 
 def _slot_too_small(what: str, need: int, slot_bytes: int) -> ValueError:
@@ -128,38 +164,32 @@ def _slot_too_small(what: str, need: int, slot_bytes: int) -> ValueError:
 
 
 class _Worker:
+    """A worker's loop: its lanes' outputs, in the rank's order, written into its ring."""
+
     def __init__(self, worker_id: int, cfg: dict[str, Any], conn: Any, ring: Any) -> None:
         self.id = worker_id
         self.conn = conn
         self.ring = ring
-        ops = cfg["ops"]
-        self.batch_op: Batch | None = ops[-1] if isinstance(ops[-1], Batch) else None
-        chain = ops[:-1] if self.batch_op is not None else ops
+        plan = cfg["plan"]
         pool = None
-        cap = max(op.parallelism for op in chain)
+        cap = max(op.parallelism for op in plan.ops)
         if cap > 1:
             from concurrent.futures import ThreadPoolExecutor
 
             pool = ThreadPoolExecutor(cap, thread_name_prefix="zephon-op")
-        self.runner = ChainRunner(chain, pool)
-        filt = self.runner.ops[cfg["filter_index"]]
+        runner = ChainRunner(plan, pool)
+        filt = runner.replay_filter
         assert isinstance(filt, ReplayFilter)
         for lane, cursor in cfg["targets"].items():
             filt.set_target(int(lane), SampleCursor(int(lane), *cursor))
         self.lanes: list[int] = cfg["lanes"]
         self.output: str = cfg["output"]
         self.start_lane: int = cfg["start_lane"]
-        self.done: set[int] = set(cfg["done"])
+        self.done: list[int] = cfg["done"]
+        self.outputs = LaneOutputs(runner, self._pull, len(self.lanes))
         self.feeds: dict[int, deque[list[Any]]] = {lane: deque() for lane in self.lanes}
         self.asked: dict[int, int] = dict.fromkeys(self.lanes, 0)
         self.ended: set[int] = set()
-        self.outputs: dict[int, deque[LaneOutput]] = {lane: deque() for lane in self.lanes}
-        self.messages = 0
-        if self.batch_op is not None:
-            self.batch_op.allocate = self._allocate
-        self.batch_stats = OpStats()  # batch runs outside the chain runner, here
-        self._waited = 0.0  # seconds spent waiting for a free slot (not batch's time)
-        self._stats_at = -math.inf  # when stats last went to the parent
         self._slot: Any = None
         self._slot_arrays: list[np.ndarray] = []
 
@@ -185,19 +215,16 @@ class _Worker:
         if msg["items"]:
             self.feeds[lane].append(decode_feed(msg["items"]))
 
-    def _next_lane_output(self, lane: int) -> LaneOutput:
-        outs = self.outputs[lane]
-        while not outs:
-            self._ask(lane)
-            while not self.feeds[lane]:
-                self._receive()
-            feed = self.feeds[lane].popleft()
-            if any(isinstance(it, FlushSentinel) and it.final for it in feed):
-                self.ended.add(lane)
-            for out in self.runner.feed(feed):
-                self.outputs[out.lane].append(out)
-            self._ask(lane)
-        return outs.popleft()
+    def _pull(self, lane: int) -> list[Any]:
+        """The lane's next feed unit, from the parent (two are kept asked for)."""
+        self._ask(lane)
+        while not self.feeds[lane]:
+            self._receive()
+        feed = self.feeds[lane].popleft()
+        if any(isinstance(it, FlushSentinel) and it.final for it in feed):
+            self.ended.add(lane)
+        self._ask(lane)
+        return feed
 
     # outputs, written straight into ring slots
     def _allocate(
@@ -210,57 +237,56 @@ class _Worker:
         if end > self.ring.slot_bytes:
             shapes = ", ".join(f"{k}: {np.dtype(d).name}{list(s)}" for k, (s, d) in spec.items())
             raise _slot_too_small(f"a batch of lane {lane} ({shapes})", end, self.ring.slot_bytes)
-        t0 = time.perf_counter()
         self._slot = self.ring.reserve(timeout_s=None)
-        self._waited += time.perf_counter() - t0
         arrays = {k: self._slot.array(shape, dtype) for k, (shape, dtype) in spec.items()}
         self._slot_arrays = list(arrays.values())
         return arrays
 
-    def _commit(self, meta: dict[str, Any], data: Any = None) -> None:
-        """Publishes ``meta``: into the slot ``batch`` filled, or with ``data`` (a batch
-        stacked without ``allocate``, i.e. not a dict) copied into a new one."""
-        from zephon.shm import message_nbytes
-
-        self._add_stats(meta)
-        self.messages += 1
+    def _write(self, out: LaneOutput) -> None:
+        """Writes one output: the lane's end, a batch (stacked into the slot it is
+        committed in) or a record, with its contributors and tombstones."""
+        meta: dict[str, Any] = {"lane": out.lane, "tombstones": _flat(out.tombstones)}
+        if out.counts is not None:
+            meta["counts"] = [list(out.counts.ops), out.counts.replay_dropped]
+        rec = out.record
+        if out.end or rec is None:
+            meta["end"] = True
+            self._put(_pack(meta), [], f"the end of lane {out.lane}")
+            return
+        try:
+            # A deferred batch stacks now, straight into a reserved slot.
+            data = rec.materialize(self._allocate) if isinstance(rec, LazyRecord) else rec.data
+        except BaseException:
+            if self._slot is not None:
+                self._slot.abort()
+                self._slot = None
+            raise
+        meta["contributors"] = _flat(rec.contributors)
+        meta["mix"] = [[int(c), int(w)] for c, w in rec.mix.items()]
+        if isinstance(rec, BatchRecord):
+            meta["last"] = list(rec.last_cursor[1:])
+            meta["n"] = rec.num_records
+        if isinstance(data, dict) and all(isinstance(v, np.ndarray) for v in data.values()):
+            meta["keys"], arrays = list(data), list(data.values())
+        elif isinstance(data, np.ndarray):
+            meta["single"], arrays = True, [data]
+        else:
+            meta["value"], arrays = data, []  # msgpack-able plain data
         packed = _pack(meta)
         slot, self._slot = self._slot, None
+        what = f"a {'batch' if isinstance(rec, BatchRecord) else 'record'} of lane {out.lane}"
         if slot is None:
-            self._put(
-                packed,
-                [data] if isinstance(data, np.ndarray) else [],
-                f"a batch of lane {meta['lane']}",
-            )
+            self._put(packed, arrays, what)
             return
+        from zephon.shm import message_nbytes
+
         need = message_nbytes(len(packed), self._slot_arrays)
         if need > slot.capacity:
             slot.abort()
             raise _slot_too_small(
-                f"a batch of lane {meta['lane']} with its metadata ({len(packed)} B)",
-                need,
-                slot.capacity,
+                f"{what} with its metadata ({len(packed)} B)", need, slot.capacity
             )
         slot.commit(packed)
-
-    def _add_stats(self, meta: dict[str, Any]) -> None:
-        """Adds the operators' counters to ``meta`` every :data:`STATS_EVERY_S` seconds,
-        and to a lane's last message."""
-        now = time.monotonic()
-        if now - self._stats_at >= STATS_EVERY_S or meta.get("end"):
-            self._stats_at = now
-            stats = [*self.runner.stats, self.batch_stats] if self.batch_op else self.runner.stats
-            meta["stats"] = [[s.records_in, s.records_out, s.seconds] for s in stats]
-
-    def _batch(self, produce: Callable[[], Iterable[Output]], records_in: int) -> list[Output]:
-        """What ``produce`` (a call of batch's) returns, counted in ``batch_stats``."""
-        t0, waited = time.perf_counter(), self._waited
-        produced = list(produce())
-        st = self.batch_stats
-        st.records_in += records_in
-        st.records_out += sum(1 for it in produced if isinstance(it, BatchRecord))
-        st.seconds += time.perf_counter() - t0 - (self._waited - waited)
-        return produced
 
     def _put(self, packed: bytes, arrays: list[np.ndarray], what: str) -> None:
         from zephon.shm import message_nbytes
@@ -270,94 +296,19 @@ class _Worker:
             raise _slot_too_small(what, need, self.ring.slot_bytes)
         self.ring.put(packed, arrays)
 
-    def _emit_batch(self, lane: int) -> bool:
-        """Writes the lane's next output; False once the lane has ended."""
-        assert self.batch_op is not None
-        tombs: list[Contributor] = []
-        while True:
-            out = self._next_lane_output(lane)
-            tombs.extend(out.tombstones)
-            if out.end:
-                produced = self._batch(partial(self.batch_op.flush, True, lane), 0)
-                for item in produced:
-                    if isinstance(item, BatchRecord):
-                        self._commit(self._batch_meta(item, tombs), item.data)
-                        tombs = []
-                    else:
-                        tombs.extend(item.contributors)
-                self._commit({"lane": lane, "end": True, "tombstones": _flat(tombs)})
-                return False
-            assert out.record is not None
-            try:
-                produced = self._batch(partial(self.batch_op.process, out.record), 1)
-            except BaseException:
-                if self._slot is not None:
-                    self._slot.abort()
-                    self._slot = None
-                raise
-            if produced:
-                (batch,) = produced
-                assert isinstance(batch, BatchRecord)
-                self._commit(self._batch_meta(batch, tombs), batch.data)
-                return True
-
-    def _batch_meta(self, batch: BatchRecord, tombs: list[Contributor]) -> dict[str, Any]:
-        return {
-            "lane": batch.lane,
-            "keys": list(batch.data) if isinstance(batch.data, dict) else None,
-            "contributors": _flat(batch.contributors),
-            "tombstones": _flat(tombs),
-            "last": list(batch.last_cursor[1:]),
-            "n": batch.num_records,
-            "mix": [[int(c), int(w)] for c, w in batch.mix.items()],
-        }
-
-    def _emit_record(self, lane: int) -> bool:
-        """Pipelines without ``batch``: one record per message."""
-        out = self._next_lane_output(lane)
-        tombs = _flat(out.tombstones)
-        if out.end:
-            self._commit({"lane": lane, "end": True, "tombstones": tombs})
-            return False
-        rec = out.record
-        assert rec is not None
-        data = rec.data
-        if isinstance(data, dict) and all(isinstance(v, np.ndarray) for v in data.values()):
-            keys, arrays, value = list(data), [data[k] for k in data], None
-        elif isinstance(data, np.ndarray):
-            keys, arrays, value = None, [data], None
-        else:
-            keys, arrays, value = None, [], data  # msgpack-able plain data
-        meta = {
-            "lane": lane,
-            "keys": keys,
-            "value": value,
-            "single": isinstance(data, np.ndarray),
-            "contributors": _flat(rec.contributors),
-            "tombstones": tombs,
-            "mix": [[int(c), int(w)] for c, w in rec.mix.items()],
-        }
-        self._add_stats(meta)
-        self.messages += 1
-        self._put(_pack(meta), arrays, f"a record of lane {lane}")
-        return True
-
     def run(self) -> None:
-        emit = self._emit_batch if self.batch_op is not None else self._emit_record
-        lanes = [lane for lane in self.lanes if lane not in self.done]
-        for lane in lanes:
-            self._ask(lane)
-        if self.output == "lockstep":
-            while all(emit(lane) for lane in lanes):
-                pass
-        else:
-            pos = next((i for i, lane in enumerate(lanes) if lane >= self.start_lane), 0)
-            while lanes:
-                pos %= len(lanes)
-                if emit(lanes[pos]):
-                    pos += 1
-                else:
-                    del lanes[pos]
+        for lane in self.lanes:
+            if lane not in self.done:
+                self._ask(lane)
+        for item in schedule(
+            self.lanes,
+            self.output,
+            self.outputs.next,
+            start_lane=self.start_lane,
+            done=self.done,
+        ):
+            for out in item if isinstance(item, list) else (item,):
+                self._write(out)
         # Everything is written; wait for the parent to say stop (it may still read).
         while True:
             self._receive()
@@ -397,31 +348,38 @@ def _report(conn: Any, e: BaseException, **extra: Any) -> None:
         pass  # the parent is gone or closed the pipe: nobody to tell
 
 
-def worker_main(worker_id: int, conn: Any, ring_name: str, parent_pid: int) -> None:
+def worker_main(worker_id: int, conn: Any, parent_pid: int, via_forkserver: bool) -> None:
     """Entry point of a worker process.
 
-    Its first two messages on ``conn`` are its configuration: the operators, then the rest
-    (see ``ProcessExecutor._keep``).
+    Its first three messages on ``conn`` are its configuration: the descriptors of its ring
+    and of the shared datasets, the operators, then the rest (see ``ProcessExecutor._keep``).
     The only clean ends are the parent's ``stop`` message, the parent closing the control
     pipe or the ring (both happen in ``close()``), or the parent's death. Anything else,
     including a user function calling ``sys.exit``, is reported to the parent.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    _die_with_parent(parent_pid)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # so is preemption: see the module doc
+    _die_with_parent(parent_pid, via_forkserver)
     import dill
 
-    from zephon.shm import RingClosedError, ShmRing
+    from zephon.runners.shipping import load_operators
+    from zephon.shm import RingClosedError, ShmRing, attach_segment, recv_fds
 
     try:
+        fds = recv_fds(conn)
         payload = conn.recv_bytes(), conn.recv_bytes()
     except (EOFError, OSError):
         return  # the parent closed before handing the configuration over
     ring = None
     try:
+        ring = ShmRing.attach(fds[0])
+        data = attach_segment(fds[1], writable=False) if len(fds) > 1 else None
         cfg = dill.loads(payload[1])
-        cfg["ops"] = dill.loads(payload[0])
-        ring = ShmRing.attach(ring_name)
-        _Worker(worker_id, cfg, conn, ring).run()
+        # The plan travels without its operators, which come by their own route.
+        cfg["plan"] = dataclasses.replace(cfg["plan"], ops=load_operators(payload[0], data))
+        worker = _Worker(worker_id, cfg, conn, ring)
+        conn.send_bytes(_pack({"t": "ready"}))
+        worker.run()
     except (_Stop, _ParentGone):
         pass
     except RingClosedError:
@@ -510,14 +468,14 @@ def rebuild_error(worker: int, pid: int, msg: dict[str, Any]) -> BaseException:
 
 
 class _Handle:
-    __slots__ = ("id", "proc", "conn", "ring", "lanes", "last_seen", "stats", "lock", "configured")
+    __slots__ = ("id", "proc", "conn", "ring", "lanes", "last_seen", "lock", "configured", "ready")
 
     def __init__(self, wid: int, conn: Any, ring: Any, lanes: list[int]) -> None:
         self.id, self.conn, self.ring, self.lanes = wid, conn, ring, lanes
         self.proc: Any = None  # set by the keeper thread once the process started
         self.configured = False  # the keeper has sent the worker its configuration
         self.last_seen = time.monotonic()
-        self.stats: list[list[float]] | None = None
+        self.ready = False  # the worker said it runs: it got its configuration and ring
         self.lock = threading.Lock()  # conn sends: the feeder thread, and close()
 
     @property
@@ -562,7 +520,7 @@ def _register_atexit() -> None:
 class ProcessExecutor:
     """Parent side of the worker pool: the feeder thread, the rings, fault detection."""
 
-    prefetches = True  # workers run ahead into their rings (nslots >= prefetch + 2)
+    place = "workers"
 
     def __init__(
         self,
@@ -574,8 +532,10 @@ class ProcessExecutor:
         nslots: int = 4,
         start_method: str = "spawn",
         worker_timeout_s: float = 60.0,
+        components: Sequence[tuple[str, Any]] = (),
     ) -> None:
         self.plan = plan
+        self.components = components  # (name, dataset): to name one that cannot travel
         self.num_workers = workers
         self.zero_copy = zero_copy
         self.slot_bytes = slot_bytes
@@ -596,6 +556,7 @@ class ProcessExecutor:
         self._engine_stop: threading.Event | None = None
         self._closed = False
         self._pull: Callable[[int], list[Any]] | None = None
+        self._data: Segment | None = None  # the datasets' shared arrays, once placed
 
     def set_target(self, lane: int, cursor: Any) -> None:
         if cursor is None:
@@ -607,28 +568,31 @@ class ProcessExecutor:
         import dill
         import multiprocess
 
-        from zephon.shm import sweep_stale_segments
+        from zephon.runners.shipping import pack_operators
 
-        sweep_stale_segments()
         self._pull = engine.pull
         self._engine_stop = engine.stopping  # the pump must not wait on a worker once it is set
         ctx = multiprocess.get_context(self.start_method)
+        if self.start_method == "forkserver":
+            # The server (started once) imports the worker's code, so each worker it forks
+            # has it already (takes effect when the server starts).
+            ctx.set_forkserver_preload(["zephon.runners.processes"])
         _register_atexit()
         _LIVE.add(self)
         lanes = engine.lanes
         n = min(self.num_workers, len(lanes))
         done = [lane for lane in lanes if engine.trackers[lane].done]
-        launches: list[tuple[_Handle, Any, Any, tuple[bytes, bytes]]] = []
-        # A forkserver's children are the server's, not ours: no parent check for them.
-        parent_pid = 0 if self.start_method == "forkserver" else os.getpid()
+        launches: list[tuple[_Handle, Any, Any, bytes]] = []
+        parent = (os.getpid(), self.start_method == "forkserver")  # see _die_with_parent
         try:
-            # The operators (datasets included) are pickled once: each worker unpickles its
-            # own fresh copy of them from the same bytes.
-            ops = dill.dumps([op.fresh() for op in self.plan.ops], recurse=True)
+            # The operators are pickled once, datasets by reference: each worker unpickles
+            # its own fresh copy of them from the same bytes; the plan goes without them.
+            shipment = pack_operators([op.fresh() for op in self.plan.ops], self.components)
+            plan = dataclasses.replace(self.plan, ops=[])
             for wid in range(n):
                 mine = lanes[wid::n]
                 cfg = {
-                    "filter_index": self.plan.filter_index,
+                    "plan": plan,
                     "targets": {
                         lane: list(self.targets[lane][1:]) for lane in mine if lane in self.targets
                     },
@@ -637,8 +601,7 @@ class ProcessExecutor:
                     "start_lane": engine.next_lane,
                     "done": [lane for lane in mine if lane in done],
                 }
-                payload = (ops, dill.dumps(cfg, recurse=True))
-                ring = self._create_ring(n)
+                ring = self._create_ring(wid, n)
                 parent_conn, child_conn = ctx.Pipe(duplex=True)
                 h = _Handle(wid, parent_conn, ring, mine)
                 self.handles.append(h)
@@ -646,15 +609,15 @@ class ProcessExecutor:
                     self.owner[lane] = h
                 proc = ctx.Process(
                     target=worker_main,
-                    args=(wid, child_conn, ring.name, parent_pid),
+                    args=(wid, child_conn, *parent),
                     name=f"zephon-worker-{wid}",
                     daemon=True,
                 )
-                launches.append((h, proc, child_conn, payload))
+                launches.append((h, proc, child_conn, dill.dumps(cfg, recurse=True)))
             # PR_SET_PDEATHSIG fires when the thread that forked a worker ends, not the
             # process: fork from a thread that lives until close(), never the caller's.
             self._keeper = threading.Thread(
-                target=self._keep, args=(launches,), name="zephon-workers", daemon=True
+                target=self._keep, args=(launches, shipment), name="zephon-workers", daemon=True
             )
             self._keeper.start()
             while not self._spawned.wait(_POLL_S):
@@ -670,23 +633,23 @@ class ProcessExecutor:
         self._feeder = threading.Thread(target=self._feed_loop, name="zephon-feeder", daemon=True)
         self._feeder.start()
 
-    def _create_ring(self, n: int) -> Any:
+    def _create_ring(self, wid: int, n: int) -> Any:
         from zephon.shm import ShmRing
 
         try:
-            return ShmRing.create(self.nslots, self.slot_bytes)
+            return ShmRing.create(self.nslots, self.slot_bytes, name=f"zephon-ring-{wid}")
         except ShmError as e:
             why = (
                 f"{e.strerror or e}. Pipeline(workers={self.num_workers}) makes one ring per worker "
                 f"({n} rings) of {self.nslots} slots of ring_slot_bytes={self.slot_bytes} bytes "
-                "(slots = max(4, prefetch + 2)): lower ring_slot_bytes, prefetch or workers, or "
-                "free space in /dev/shm"
+                "(Pipeline(ring_slots=...)): lower ring_slot_bytes, ring_slots or workers, or "
+                "free memory"
             )
             raise (ShmError(why) if e.errno is None else ShmError(e.errno, why)) from e
 
-    def _keep(self, launches: list[tuple[_Handle, Any, Any, tuple[bytes, bytes]]]) -> None:
-        """The keeper thread: starts the workers, hands each its configuration, then lives
-        until close() is done.
+    def _keep(self, launches: list[tuple[_Handle, Any, Any, bytes]], shipment: Shipment) -> None:
+        """The keeper thread: starts the workers, places the shared datasets while they
+        boot, hands each its configuration, then lives until close() is done.
 
         The configuration (operators, datasets: often megabytes) goes over the control pipe
         once the process runs, never in the process object: the start method writes that
@@ -695,35 +658,44 @@ class ProcessExecutor:
         block the parent forever. On the control pipe its death is an error.
         """
         try:
-            started: list[tuple[_Handle, tuple[bytes, bytes]]] = []
+            started: list[tuple[_Handle, bytes]] = []
             try:
-                for h, proc, _, payload in launches:
+                for h, proc, _, cfg in launches:
                     if self._closed:
                         break
                     proc.start()
                     h.proc = proc
-                    started.append((h, payload))
+                    started.append((h, cfg))
             finally:
                 for _, _, child_conn, _ in launches:
                     child_conn.close()  # the children hold their own ends
                 self._started.set()
-            for h, payload in started:
+            if started and not self._closed:
+                self._data = shipment.place()
+            for h, cfg in started:
                 if self._closed:
                     break
-                self._hand_over(h, payload)
+                self._hand_over(h, shipment.payload, cfg)
         except BaseException as e:  # noqa: BLE001 - re-raised by start()
             self._spawn_error = e
         finally:
             self._spawned.set()
         self._release.wait()
+        if self._data is not None:
+            self._data.close()  # the workers are gone: nobody maps the datasets any more
 
-    def _hand_over(self, h: _Handle, payload: tuple[bytes, bytes]) -> None:
-        """Sends worker ``h`` its configuration (the operators, then the rest); a worker
-        that died first is an error."""
+    def _hand_over(self, h: _Handle, ops: bytes, cfg: bytes) -> None:
+        """Sends worker ``h`` its configuration (the descriptors of its ring and of the
+        shared datasets, the operators, then the rest); a worker that died first is an
+        error."""
+        from zephon.shm import send_fds
+
+        data = [] if self._data is None else [self._data.fileno()]
         with h.lock:  # close() may send "stop" meanwhile
             try:
-                for part in payload:
-                    h.conn.send_bytes(part)
+                send_fds(h.conn, [h.ring.fileno(), *data])
+                h.conn.send_bytes(ops)
+                h.conn.send_bytes(cfg)
                 h.configured = True
                 return
             except (OSError, ValueError):
@@ -740,9 +712,14 @@ class ProcessExecutor:
                 " main module again: a script that builds and iterates pipelines at import"
                 " time must do so under `if __name__ == '__main__':`"
             )
+        when = (
+            "before it began to run the pipeline"
+            if h.configured
+            else "before it read its configuration"
+        )
         return WorkerError(
             f"worker {h.id} (pid {h.proc.pid}, lanes {h.lanes}) {_how(h.proc.exitcode)} while"
-            f" starting, before it read its configuration (its stderr may say why){hint}"
+            f" starting, {when} (its stderr may say why){hint}"
         )
 
     # the feeder: answers "need" requests, catches errors and deaths
@@ -779,6 +756,8 @@ class ProcessExecutor:
                         return
                     if not h.send({"t": "feed", "lane": lane, "items": items}):
                         conns.pop(obj, None)
+                elif msg["t"] == "ready":
+                    h.ready = True
                 elif msg["t"] == "error":
                     self._fail(rebuild_error(h.id, h.proc.pid, msg))
                     return
@@ -796,11 +775,15 @@ class ProcessExecutor:
             try:
                 while h.conn.poll(0):
                     msg = _unpack(h.conn.recv_bytes())
-                    if msg["t"] == "error":
+                    if msg["t"] == "ready":
+                        h.ready = True
+                    elif msg["t"] == "error":
                         err = rebuild_error(h.id, h.proc.pid, msg)
                         return err if isinstance(err, WorkerError) else WorkerError(str(err))
             except (EOFError, OSError, ValueError):
                 pass
+        if not h.ready:
+            return self._startup_death(h)
         how = _how(code)
         if code is not None and code >= 0:
             how += " without reporting an error (its stderr may say why)"
@@ -861,21 +844,22 @@ class ProcessExecutor:
                 self._fail(self._hung(h))
         h.last_seen = time.monotonic()
         meta = _unpack(msg.meta)
-        if "stats" in meta:
-            h.stats = meta["stats"]
         if meta["lane"] != lane:
             raise WorkerError(
                 f"worker {h.id} sent lane {meta['lane']} when lane {lane} was due; this is a Zephon bug"
             )
         tombs = _unflat(meta["tombstones"])
+        counts = meta.get("counts")
+        if counts is not None:
+            counts = LaneCounts([tuple(c) for c in counts[0]], int(counts[1]))  # type: ignore[misc]
         if meta.get("end"):
             msg.release()
-            return LaneOutput(lane, None, tombs, end=True)
+            return LaneOutput(lane, None, tombs, end=True, counts=counts)
         arrays = msg.arrays
-        keys = meta["keys"]
+        keys = meta.get("keys")
         if keys is not None:
             data: Any = dict(zip(keys, arrays, strict=True))
-        elif meta.get("single") or "last" in meta:
+        elif meta.get("single"):
             data = arrays[0]
         else:
             data = meta["value"]
@@ -889,29 +873,10 @@ class ProcessExecutor:
             )
         else:
             rec = Record(data, lane, contributors, mix)
-        out = LaneOutput(lane, rec, tombs)
+        out = LaneOutput(lane, rec, tombs, counts=counts)
         if self.zero_copy:
             out.lease = msg
         return out
-
-    def op_stats(self) -> list[dict[str, Any]]:
-        ops = self.plan.ops
-        totals = [[0, 0, 0.0] for _ in ops]
-        for h in self.handles:
-            for t, s in zip(totals, h.stats or (), strict=False):
-                t[0] += int(s[0])
-                t[1] += int(s[1])
-                t[2] += float(s[2])
-        return [
-            {
-                "name": op.name,
-                "records_in": t[0],
-                "records_out": t[1],
-                "seconds": round(t[2], 6),
-                "place": "workers",
-            }
-            for op, t in zip(ops, totals, strict=True)
-        ]
 
     def extra_stats(self) -> dict[str, Any]:
         return {
@@ -928,7 +893,7 @@ class ProcessExecutor:
         }
 
     def close(self) -> None:
-        """Stops the workers (SIGKILL after a short grace), unlinks the rings. Idempotent."""
+        """Stops the workers (SIGKILL after a short grace), closes the rings. Idempotent."""
         if self._closed:
             return
         self._closed = True
@@ -960,7 +925,6 @@ class ProcessExecutor:
                 h.conn.close()
             except OSError:
                 pass
-            h.ring.unlink()
         self._release.set()
         if self._keeper is not None and self._keeper is not me:
             self._keeper.join(timeout=1)

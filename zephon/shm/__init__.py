@@ -1,12 +1,15 @@
-"""Shared-memory transport between worker processes and the parent.
+"""Shared memory between worker processes and the parent.
 
-``ShmRing`` is a single-producer/single-consumer ring of slots in a ``/dev/shm``
-segment. Its core is the C extension ``zephon._ring`` unless
-``ZEPHON_PURE_PYTHON=1`` is set or the extension is not built, in which case the
-pure-Python twin ``zephon.shm.pyring`` (same layout, same semantics) runs.
-``IMPLEMENTATION`` is ``"native"`` or ``"python"`` accordingly.
+``ShmRing`` is a single-producer/single-consumer ring of slots in a shared memfd
+(``zephon.shm.segment``: anonymous, passed to the other process as a file descriptor
+with ``send_fds``/``recv_fds``, so no kill of any process leaves anything behind). Its
+core is the C extension ``zephon._ring`` unless ``ZEPHON_PURE_PYTHON=1`` is set or the
+extension is not built, in which case the pure-Python twin ``zephon.shm.pyring`` (same
+layout, same semantics) runs. ``IMPLEMENTATION`` is ``"native"`` or ``"python"``
+accordingly.
 """
 
+from zephon.shm.fds import recv_fds, send_fds
 from zephon.shm.ring import (
     FRAME_NBYTES,
     IMPLEMENTATION,
@@ -22,8 +25,8 @@ from zephon.shm.ring import (
 from zephon.shm.segment import (
     Segment,
     attach_segment,
+    available_memory_bytes,
     create_segment,
-    sweep_stale_segments,
 )
 
 __all__ = [
@@ -37,8 +40,10 @@ __all__ = [
     "ShmRing",
     "SlotWriter",
     "attach_segment",
+    "available_memory_bytes",
     "create_segment",
     "message_nbytes",
     "plan_layout",
-    "sweep_stale_segments",
+    "recv_fds",
+    "send_fds",
 ]

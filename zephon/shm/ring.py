@@ -496,27 +496,26 @@ class SlotWriter:
 
 
 class ShmRing:
-    """A single-producer/single-consumer ring of fixed-size slots in a /dev/shm segment.
+    """A single-producer/single-consumer ring of fixed-size slots in a shared memfd.
 
-    The parent creates it (``ShmRing.create``: owns and unlinks the segment), the
-    worker attaches by name (``ShmRing.attach``). Exactly one producer and one
-    consumer, each used from one thread at a time (``close`` may come from any
-    thread and wakes a blocked call).
+    The parent creates it (``ShmRing.create``), passes ``ring.fileno()`` to the worker
+    (``zephon.shm.send_fds``), which attaches (``ShmRing.attach(fd)``). The segment has no
+    name: it goes when the last process holding it exits, however it exits. Exactly one
+    producer and one consumer, each used from one thread at a time (``close`` may come
+    from any thread and wakes a blocked call).
 
-    Closing: ``close()`` marks the ring closed for both sides, wakes any blocked
-    call and unmaps. After it the producer's ``reserve`` raises RingClosedError at
-    once; the consumer's ``get`` keeps returning the messages committed before and
-    raises RingClosedError (an EOFError) when the ring is drained. Garbage
-    collection closes (and, for the owner, unlinks) the ring too, except in a
-    forked copy of the process that made the object.
+    Closing: ``close()`` marks the ring closed for both sides, wakes any blocked call and
+    unmaps. After it the producer's ``reserve`` raises RingClosedError at once; the
+    consumer's ``get`` keeps returning the messages committed before and raises
+    RingClosedError (an EOFError) when the ring is drained. Garbage collection closes the
+    ring too, except in a forked copy of the process that made the object.
     """
 
     def __init__(self, segment: Segment, *, _token: object = None) -> None:
         if _token is not _PRIVATE:
-            raise TypeError("use ShmRing.create(nslots, slot_bytes) or ShmRing.attach(name)")
+            raise TypeError("use ShmRing.create(nslots, slot_bytes) or ShmRing.attach(fd)")
         self._segment = segment
         self.name = segment.name
-        self.owner = segment.owner
         self._pid = os.getpid()
         self._view: memoryview | None = None
         view = memoryview(segment.mmap)
@@ -535,17 +534,16 @@ class ShmRing:
         self.implementation = IMPLEMENTATION
 
     @classmethod
-    def create(cls, nslots: int, slot_bytes: int, name: str | None = None) -> ShmRing:
-        """Creates a ring in a new segment (this process owns it and should ``unlink``).
+    def create(cls, nslots: int, slot_bytes: int, name: str = "zephon-ring") -> ShmRing:
+        """Creates a ring in a new shared-memory segment.
 
         Args:
             nslots: slots in the ring (messages in flight), >= 1.
             slot_bytes: capacity of one slot; rounded up to a multiple of 4096.
-            name: segment name (``zephon_...``); by default a fresh
-                ``zephon_<pid>_<starttime>_<hex>`` that ``sweep_stale_segments`` understands.
+            name: the segment's label, in error messages and ``/proc/<pid>/fd``.
 
         Raises:
-            ShmError: /dev/shm is too small or the segment cannot be created.
+            ShmError: not enough memory for the ring, or it cannot be created.
         """
         if not isinstance(nslots, int) or not 1 <= nslots <= 0xFFFFFFFF:
             raise ValueError(f"nslots must be an int in [1, 2**32); got {nslots!r}")
@@ -553,7 +551,7 @@ class ShmRing:
             raise ValueError(f"slot_bytes must be an int >= 1; got {slot_bytes!r}")
         slot_bytes = _round_up(slot_bytes, SLOT_ALIGN)
         size = _core.required_size(nslots, slot_bytes)
-        segment = create_segment(size, name)
+        segment = create_segment(size, name=name)
         try:
             with memoryview(segment.mmap) as view:
                 status = _core.init(view, nslots, slot_bytes)
@@ -562,22 +560,28 @@ class ShmRing:
             return cls(segment, _token=_PRIVATE)
         except BaseException:
             segment.close()
-            segment.unlink()
             raise
 
     @classmethod
-    def attach(cls, name: str) -> ShmRing:
-        """Attaches to a ring another process created, validating its header.
+    def attach(cls, fd: int) -> ShmRing:
+        """Attaches to the ring behind ``fd`` (a ring's ``fileno()`` received from the
+        process that created it), validating its header. Takes over ``fd``: the ring's
+        ``close()`` closes it, and so does a failure here.
 
         Raises:
-            ShmError: no such segment. RingError: the segment does not hold a valid ring.
+            ShmError: ``fd`` cannot be mapped. RingError: it does not hold a valid ring
+                (bad magic, another layout version, or a size that does not match).
         """
-        segment = attach_segment(name)
+        segment = attach_segment(fd)
         try:
             return cls(segment, _token=_PRIVATE)
         except BaseException:
             segment.close()
             raise
+
+    def fileno(self) -> int:
+        """The segment's fd, to pass to the process that attaches (``zephon.shm.send_fds``)."""
+        return self._segment.fileno()
 
     # -- state ---------------------------------------------------------------
 
@@ -767,38 +771,31 @@ class ShmRing:
             del view
             self._segment.close()
 
-    def unlink(self) -> None:
-        """Removes the segment's name (the creator's job; existing mappings stay valid)."""
-        self._segment.unlink()
-
     def __enter__(self) -> ShmRing:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-        if self.owner:
-            self.unlink()
 
     def __del__(self) -> None:
         try:
             if os.getpid() != self._pid:
-                return  # a forked copy must not close or unlink the parent's ring
+                return  # a forked copy must not close the parent's ring (close is shared)
             self.close()
-            if self.owner:
-                self.unlink()
         except Exception:  # noqa: BLE001 - best effort at garbage collection
             pass
 
     def __reduce__(self) -> NoReturn:
         raise TypeError(
-            f"ShmRing {self.name!r} cannot be pickled; pass ring.name to the other "
-            f"process and call ShmRing.attach(name) there"
+            f"ShmRing {self.name!r} cannot be pickled; pass ring.fileno() to the other "
+            f"process (zephon.shm.send_fds, or subprocess pass_fds) and call "
+            f"ShmRing.attach(fd) there"
         )
 
     def __repr__(self) -> str:
         return (
             f"ShmRing(name={self.name!r}, nslots={self.nslots}, slot_bytes={self.slot_bytes}, "
-            f"owner={self.owner}, implementation={self.implementation!r}, "
+            f"implementation={self.implementation!r}, "
             f"closed={self._view is None})"
         )
 

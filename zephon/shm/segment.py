@@ -1,68 +1,90 @@
-"""POSIX shared-memory segments in ``/dev/shm``, created and mapped by hand.
+"""Shared memory without a name: an anonymous Linux memfd, shared by passing its fd.
 
-``multiprocessing.shared_memory`` is avoided on purpose: its resource tracker
-warns about and unlinks segments behind the owner's back when another process
-attaches. Here the creator owns the name and unlinks it; a crash leaves a file
-whose name says who owned it, and ``sweep_stale_segments`` removes it later.
+A segment is created with ``memfd_create`` and reaches another process as a file
+descriptor (``zephon.shm.fds`` sends it over a Unix socket). Nothing is ever created in
+``/dev/shm`` and nothing has a name to leak: the kernel frees the memory when the last
+process that holds the fd or a mapping of it exits, however it exits (SIGKILL included).
+No sweeper has to guess which owner is still alive.
 
-Names are ``zephon_<pid>_<starttime>_<hex>``: ``starttime`` is field 22 of
-``/proc/<pid>/stat`` (clock ticks since boot), so a recycled pid does not make a
-dead owner look alive.
+The memory is reserved with ``posix_fallocate`` at creation (or written at once, for a
+segment created with its contents), so a full memory is an error here, not a SIGBUS on
+first touch; the size is sealed (``F_SEAL_SHRINK`` and ``F_SEAL_GROW``), so no holder can
+truncate the segment under another's mapping. A
+memfd is charged to the memory cgroup of its creator and is not bounded by the size of
+``/dev/shm`` (a container's 64 MB ``/dev/shm`` does not matter); since the kernel's OOM
+killer rather than an error answers a reservation larger than memory, the size is first
+checked against the memory available.
+
+Linux only: elsewhere ``create_segment`` raises a ShmError that says to use
+``Pipeline(workers=0)``.
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
 import mmap
 import os
-import re
-import secrets
-from pathlib import Path
+import sys
+from collections.abc import Iterable
 
 from zephon.errors import ShmError
 
-SHM_DIR = "/dev/shm"
-PREFIX = "zephon_"
-_NAME_RE = re.compile(r"zephon_([1-9][0-9]*)_([0-9]+)_([0-9a-f]{8,32})")
-_ANY_NAME_RE = re.compile(r"zephon_[A-Za-z0-9_]{1,200}")
+BytesLike = bytes | bytearray | memoryview
+_MEMINFO = "/proc/meminfo"
+# Memory cgroup limit and usage files, v2 then v1, as a container sees its own cgroup.
+_CGROUP_FILES = (
+    ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+    ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
+)
 
 
-def process_start_time(pid: int) -> int | None:
-    """Field 22 of ``/proc/<pid>/stat``, or None when the process does not exist."""
+def _read_int(path: str) -> int | None:
     try:
-        stat = Path(f"/proc/{pid}/stat").read_bytes()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return None
-    # The command name (field 2) is in parentheses and may contain spaces and ')'.
-    fields = stat[stat.rindex(b")") + 2 :].split()
-    return int(fields[22 - 3])
+        with open(path) as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None  # absent, or "max" (no limit)
 
 
-def new_segment_name() -> str:
-    """A fresh ``zephon_<pid>_<starttime>_<hex>`` name owned by this process."""
-    pid = os.getpid()
-    return f"{PREFIX}{pid}_{process_start_time(pid)}_{secrets.token_hex(8)}"
-
-
-def _check_name(name: str) -> None:
-    if not _ANY_NAME_RE.fullmatch(name):
-        raise ValueError(
-            f"shared-memory segment names must look like 'zephon_<letters, digits, _>' "
-            f"(at most 207 characters, no '/'); got {name!r}"
-        )
+def available_memory_bytes() -> int | None:
+    """Bytes a new segment may take: ``MemAvailable``, lowered to the headroom of this
+    container's memory cgroup (limit less usage) when it has a limit. None when unknown."""
+    available = None
+    try:
+        with open(_MEMINFO) as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    available = int(line.split()[1]) * 1024
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    for limit_file, usage_file in _CGROUP_FILES:
+        limit, usage = _read_int(limit_file), _read_int(usage_file)
+        if limit is not None and usage is not None and limit < 1 << 60:  # v1: 2**63 - 4096
+            headroom = max(0, limit - usage)
+            available = headroom if available is None else min(available, headroom)
+            break
+    return available
 
 
 class Segment:
-    """A mapped ``/dev/shm`` file. ``close()`` unmaps, ``unlink()`` removes the name;
-    both are idempotent. Use ``create_segment`` / ``attach_segment`` to get one."""
+    """A mapped memfd. ``close()`` unmaps it and closes the fd (idempotent); the memory
+    goes once no process holds the fd or a mapping. Use ``create_segment`` or
+    ``attach_segment`` to get one.
 
-    def __init__(self, name: str, mm: mmap.mmap, *, owner: bool, shm_dir: str = SHM_DIR) -> None:
+    Attributes:
+        name: the memfd's label (``/proc/<pid>/fd`` shows it as ``/memfd:<name>``).
+        size_bytes: the segment's size.
+        writable: whether this mapping may be written.
+    """
+
+    def __init__(self, fd: int, mm: mmap.mmap, name: str, *, writable: bool) -> None:
         self.name = name
-        self.size = len(mm)
-        self.owner = owner
-        self._path = os.path.join(shm_dir, name)
+        self.size_bytes = len(mm)
+        self.writable = writable
+        self._fd = fd
         self._mmap: mmap.mmap | None = mm
-        self._unlinked = False
 
     @property
     def mmap(self) -> mmap.mmap:
@@ -75,13 +97,15 @@ class Segment:
     def closed(self) -> bool:
         return self._mmap is None
 
-    @property
-    def path(self) -> str:
-        return self._path
+    def fileno(self) -> int:
+        """The memfd, to pass to another process (``zephon.shm.send_fds``)."""
+        if self._mmap is None:
+            raise ShmError(f"shared-memory segment {self.name!r} is closed")
+        return self._fd
 
     def close(self) -> None:
-        """Unmaps the segment. While numpy views or buffers of it are alive the
-        mapping stays valid and is unmapped when the last one is dropped."""
+        """Unmaps the segment and closes its fd. While numpy views or buffers of it are
+        alive the mapping stays valid and is unmapped when the last one is dropped."""
         mm, self._mmap = self._mmap, None
         if mm is None:
             return
@@ -89,124 +113,147 @@ class Segment:
             mm.close()
         except BufferError:
             pass  # exported views pin the mapping; mmap unmaps on deallocation
-
-    def unlink(self) -> None:
-        """Removes the name from /dev/shm (mappings stay valid until closed)."""
-        if self._unlinked:
-            return
-        self._unlinked = True
-        try:
-            os.unlink(self._path)
-        except FileNotFoundError:
-            pass
+        os.close(self._fd)
 
     def __enter__(self) -> Segment:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-        if self.owner:
-            self.unlink()
 
     def __repr__(self) -> str:
-        state = "closed" if self.closed else "open"
-        return f"Segment(name={self.name!r}, size={self.size}, owner={self.owner}, {state})"
+        state = "closed" if self.closed else f"fd {self._fd}"
+        mode = "read-write" if self.writable else "read-only"
+        return f"Segment(name={self.name!r}, size_bytes={self.size_bytes}, {mode}, {state})"
 
 
-def create_segment(size: int, name: str | None = None, *, shm_dir: str = SHM_DIR) -> Segment:
-    """Creates, reserves and maps a new segment of ``size`` bytes.
+def create_segment(
+    size_bytes: int,
+    *,
+    name: str = "zephon",
+    contents: Iterable[tuple[int, BytesLike]] | None = None,
+) -> Segment:
+    """Creates a new memfd of ``size_bytes``: reserved, sealed against resizing and mapped
+    read-write; or, given ``contents``, written once and sealed read-only.
 
-    The free space of the tmpfs is checked first and the memory is reserved with
-    ``posix_fallocate``, so a full ``/dev/shm`` fails here with a ShmError rather
-    than with a SIGBUS on first touch.
+    Args:
+        size_bytes: the segment's size.
+        name: its label, in error messages and ``/proc/<pid>/fd``.
+        contents: ``(offset, bytes-like)`` pairs to write (what is not written reads as
+            zeros). The segment is then sealed against writes too (``F_SEAL_WRITE``) and
+            mapped read-only, its pages mapped at once: what the workers' shared datasets
+            use. Writing with ``pwrite`` allocates each page as it fills it, once, where
+            reserving then copying through a mapping touches each page twice.
 
     Raises:
-        ShmError: not enough space, the name exists, or the file cannot be mapped.
+        ShmError: not Linux, not enough memory (checked first, then reserved or written),
+            or the memory cannot be mapped. The message quotes the sizes.
     """
-    if size <= 0:
-        raise ValueError(f"segment size must be > 0 bytes; got {size}")
-    name = new_segment_name() if name is None else name
-    _check_name(name)
-    stat = os.statvfs(shm_dir)
-    free = stat.f_bavail * stat.f_frsize
-    if size > free:
+    if size_bytes <= 0:
+        raise ValueError(f"segment size must be > 0 bytes; got {size_bytes}")
+    if not hasattr(os, "memfd_create"):
         raise ShmError(
-            errno.ENOSPC,
-            f"not enough shared memory for segment {name!r}: needs {size} bytes, "
-            f"{free} bytes free in {shm_dir}; mount a bigger {shm_dir} (docker: --shm-size) "
-            f"or lower the ring capacity (nslots * slot_bytes)",
+            errno.ENOSYS,
+            f"worker processes share memory through Linux memfds, which {sys.platform} lacks; "
+            "use Pipeline(workers=0) here",
         )
-    path = os.path.join(shm_dir, name)
+    available = available_memory_bytes()
+    if available is not None and size_bytes > available:
+        raise ShmError(
+            errno.ENOMEM,
+            f"not enough memory for shared-memory segment {name!r}: needs {size_bytes} "
+            f"bytes, {available} bytes available (MemAvailable, or what the memory cgroup's "
+            "limit leaves); free memory or ask for less",
+        )
+    fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     try:
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-    except OSError as e:
-        raise ShmError(e.errno, f"cannot create shared-memory segment {path}: {e.strerror}") from e
-    try:
-        try:
-            os.posix_fallocate(fd, 0, size)
-        except OSError as e:
-            if e.errno == errno.ENOSPC:
-                raise ShmError(
-                    errno.ENOSPC,
-                    f"not enough shared memory for segment {name!r}: reserving {size} bytes "
-                    f"in {shm_dir} failed (another process took the space); mount a bigger "
-                    f"{shm_dir} or lower the ring capacity (nslots * slot_bytes)",
-                ) from e
-            if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
-                raise ShmError(e.errno, f"cannot reserve {size} bytes for {path}: {e}") from e
-            os.ftruncate(fd, size)  # a filesystem without fallocate: best effort
-        mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        seals = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
+        if contents is None:
+            _reserve(fd, size_bytes, name)
+            prot, flags = mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED
+        else:
+            os.ftruncate(fd, size_bytes)
+            _write(fd, size_bytes, contents, name)
+            seals |= fcntl.F_SEAL_WRITE
+            prot, flags = mmap.PROT_READ, mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+        mm = mmap.mmap(fd, size_bytes, flags=flags, prot=prot)
     except BaseException:
         os.close(fd)
+        raise
+    return Segment(fd, mm, name, writable=contents is None)
+
+
+def _reserve(fd: int, size_bytes: int, name: str) -> None:
+    try:
+        os.posix_fallocate(fd, 0, size_bytes)
+    except OSError as e:
+        raise ShmError(
+            e.errno,
+            f"reserving {size_bytes} bytes for shared-memory segment {name!r} failed "
+            f"({e.strerror}); free memory or ask for less",
+        ) from e
+
+
+_WRITE_BYTES = 64 << 20  # per pwrite call
+
+
+def _write(fd: int, size_bytes: int, contents: Iterable[tuple[int, BytesLike]], name: str) -> None:
+    for offset, data in contents:
+        view = memoryview(data).cast("B")
+        if offset < 0 or offset + view.nbytes > size_bytes:
+            raise ValueError(
+                f"{view.nbytes} bytes at offset {offset} do not fit segment {name!r} of "
+                f"{size_bytes} bytes"
+            )
+        done = 0
         try:
-            os.unlink(path)
-        except FileNotFoundError:
+            while done < view.nbytes:
+                done += os.pwrite(fd, view[done : done + _WRITE_BYTES], offset + done)
+        except OSError as e:
+            raise ShmError(
+                e.errno,
+                f"writing {view.nbytes} bytes at offset {offset} of shared-memory segment "
+                f"{name!r} ({size_bytes} bytes) failed ({e.strerror}); free memory or ask "
+                "for less",
+            ) from e
+
+
+def attach_segment(fd: int, *, writable: bool = True) -> Segment:
+    """Maps the segment behind ``fd`` (received from its creator) and takes over the fd:
+    ``close()`` closes it, and so does a failure here.
+
+    Raises:
+        ShmError: ``fd`` is not an open, non-empty file that can be mapped.
+    """
+    try:
+        name = _label(fd)
+        try:
+            size_bytes = os.fstat(fd).st_size
+        except OSError as e:
+            raise ShmError(e.errno, f"cannot attach fd {fd}: {e.strerror}") from e
+        if size_bytes == 0:
+            raise ShmError(errno.EINVAL, f"cannot attach {name!r} (fd {fd}): it is empty")
+        prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+        try:
+            mm = mmap.mmap(fd, size_bytes, flags=mmap.MAP_SHARED, prot=prot)
+        except OSError as e:
+            raise ShmError(e.errno, f"cannot map {name!r} (fd {fd}): {e.strerror}") from e
+    except BaseException:
+        try:
+            os.close(fd)
+        except OSError:
             pass
         raise
-    os.close(fd)
-    return Segment(name, mm, owner=True, shm_dir=shm_dir)
+    return Segment(fd, mm, name, writable=writable)
 
 
-def attach_segment(name: str, *, shm_dir: str = SHM_DIR) -> Segment:
-    """Maps an existing segment by name (not the owner: ``unlink`` is up to the creator)."""
-    _check_name(name)
-    path = os.path.join(shm_dir, name)
+def _label(fd: int) -> str:
+    """The memfd's name from ``/proc/self/fd``, else ``fd N``."""
     try:
-        fd = os.open(path, os.O_RDWR)
-    except OSError as e:
-        raise ShmError(e.errno, f"cannot open shared-memory segment {path}: {e.strerror}") from e
-    try:
-        size = os.fstat(fd).st_size
-        if size == 0:
-            raise ShmError(errno.EINVAL, f"shared-memory segment {path} is empty")
-        mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
-    finally:
-        os.close(fd)
-    return Segment(name, mm, owner=False, shm_dir=shm_dir)
-
-
-def sweep_stale_segments(shm_dir: str = SHM_DIR) -> list[str]:
-    """Unlinks ``zephon_<pid>_<starttime>_<hex>`` segments whose owner is dead.
-
-    The owner is dead when ``/proc/<pid>`` is gone or its start time differs (the
-    pid was recycled). Names that do not parse, and every other file, are left
-    alone. Returns the names removed.
-    """
-    removed: list[str] = []
-    try:
-        entries = os.listdir(shm_dir)
-    except FileNotFoundError:
-        return removed
-    for entry in sorted(entries):
-        match = _NAME_RE.fullmatch(entry)
-        if match is None:
-            continue
-        pid, start = int(match.group(1)), int(match.group(2))
-        if process_start_time(pid) == start:
-            continue
-        try:
-            os.unlink(os.path.join(shm_dir, entry))
-        except (FileNotFoundError, PermissionError):
-            continue
-        removed.append(entry)
-    return removed
+        target = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return f"fd {fd}"
+    if target.startswith("/memfd:"):
+        return target[len("/memfd:") :].removesuffix(" (deleted)")
+    return target

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from zephon.sources._fs import PathArg, check_index
+from zephon.sources.identity import items_sample, sample_positions, short_digest
 
 
 def _import_datasets() -> Any:
@@ -30,8 +31,8 @@ class HFSource:
     A dataset loaded from disk (``load_from_disk``, :meth:`from_disk`, or the cache that
     ``load_dataset`` writes) is memory-mapped and pickles by file path, so worker
     processes open the same files. A dataset built in memory (``Dataset.from_dict``)
-    pickles its whole table into every worker: save it with ``save_to_disk`` and use
-    :meth:`from_disk` when running with ``workers > 0``.
+    reaches the workers as one copy of its Arrow buffers in shared memory; saving it with
+    ``save_to_disk`` and using :meth:`from_disk` avoids even that copy.
 
     Args:
         dataset: a ``datasets.Dataset`` (one split, not a ``DatasetDict``; not streaming).
@@ -131,6 +132,18 @@ class HFSource:
         return [
             dict(zip(keys, values, strict=True)) for values in zip(*batch.values(), strict=True)
         ]
+
+    def content_identity(self) -> dict[str, Any]:
+        """What the source holds, for the pipeline fingerprint: a digest of the features
+        (column types) and of up to 64 sampled rows as :meth:`read` returns them, and the
+        field. Not the path: a copied dataset still matches."""
+        rows = self.read(sample_positions(len(self._dataset)))
+        return {
+            "kind": "hf",
+            "features": short_digest(repr(self._dataset.features)),
+            "sample": items_sample(rows),
+            "field": self._field,
+        }
 
     def __repr__(self) -> str:
         where = f"path={self._path!r}" if self._path is not None else f"columns={self._columns}"

@@ -4,17 +4,24 @@ from __future__ import annotations
 
 import itertools
 import json
-import logging
+import warnings
 from collections.abc import Sequence
 from typing import IO, Any, Literal
 
 import numpy as np
 
 from zephon.sources._fs import PathsArg, check_index, describe_paths, normalize_paths, open_binary
-
-logger = logging.getLogger(__name__)
+from zephon.sources.identity import files_sample
 
 _ON_ERROR = ("raise", "skip")
+#: What ``on_error="skip"`` leaves out, by kind (the keys of :meth:`JsonlSource.skipped_records`).
+SKIP_KINDS = ("invalid_json", "undecodable", "missing_field", "wrong_type")
+_SKIP_WORDS = {
+    "invalid_json": "not valid JSON",
+    "undecodable": "not UTF-8",
+    "missing_field": "without the field",
+    "wrong_type": "with a field of another type",
+}
 _BLOCK_BYTES = 8 << 20
 # JSON's whitespace: a line holding only these bytes is blank, not a record.
 _IS_CONTENT = np.ones(256, dtype=bool)
@@ -32,8 +39,15 @@ class JsonlSource:
     Args:
         paths: a file or a sequence of files; records are numbered across them in order.
         field: if given, ``ds[i]`` returns ``record[field]`` instead of the whole record.
-        on_error: ``"raise"`` parses lazily and raises on a bad line when it is read;
-            ``"skip"`` parses every line while indexing and leaves bad ones out.
+        field_type: if given (with `field`), the field's value must be an instance of this
+            type (or tuple of types), e.g. ``str`` for text a tokenizer reads. Note that
+            ``bool`` is an ``int``.
+        on_error: ``"raise"`` parses lazily and raises on a bad record when it is read;
+            ``"skip"`` parses every line while indexing and leaves out every record that
+            would fail: invalid JSON, bytes that are not UTF-8, a record without `field`
+            (or not an object), a field value not of `field_type`. It counts them by kind
+            (:meth:`skipped_records`, also in ``Pipeline.stats()``) and warns once per file
+            that had any, with the counts.
     """
 
     def __init__(
@@ -41,18 +55,33 @@ class JsonlSource:
         paths: PathsArg,
         field: str | None = None,
         on_error: Literal["raise", "skip"] = "raise",
+        field_type: type | tuple[type, ...] | None = None,
     ) -> None:
         if on_error not in _ON_ERROR:
             raise ValueError(f"JsonlSource: on_error must be one of {_ON_ERROR}; got {on_error!r}")
+        if field_type is not None:
+            if field is None:
+                raise ValueError(
+                    f"JsonlSource: field_type={_type_names(field_type)} needs a field; pass "
+                    "field= too, or drop field_type"
+                )
+            kinds = field_type if isinstance(field_type, tuple) else (field_type,)
+            if not kinds or not all(isinstance(k, type) for k in kinds):
+                raise TypeError(
+                    f"JsonlSource: field_type must be a type or a tuple of types; got "
+                    f"{field_type!r}"
+                )
         self._paths = normalize_paths("JsonlSource", paths)
         self._field = field
+        self._field_type = field_type
         self._on_error = on_error
+        self._skipped = dict.fromkeys(SKIP_KINDS, 0)
         offsets: list[np.ndarray] = []
         sizes: list[int] = []
         for path in self._paths:
             with open_binary("JsonlSource", path) as f:
                 if on_error == "skip":
-                    file_offsets, size = _index_valid_lines(path, f)
+                    file_offsets, size = self._index_valid_lines(path, f)
                 else:
                     file_offsets, size = _index_lines(f)
             offsets.append(file_offsets)
@@ -89,11 +118,85 @@ class JsonlSource:
                     out[pos] = self._read_record(f, file_index, int(checked[pos]))
         return out
 
+    def skipped_records(self) -> dict[str, int]:
+        """Records that ``on_error="skip"`` left out, by kind (:data:`SKIP_KINDS`), summed
+        over the files. Known once the source is built (skipping happens while indexing),
+        so every process holding the source reports the same counts."""
+        return dict(self._skipped)
+
+    def content_identity(self) -> dict[str, Any]:
+        """What the source holds, for the pipeline fingerprint: the files' total size and a
+        digest of each file's size and sampled blocks (see :mod:`zephon.sources.identity`;
+        at most 512 KiB read per file), plus the field read. Not the paths: a copied
+        dataset still matches."""
+        total, sample = files_sample("JsonlSource", self._paths)
+        return {
+            "kind": "jsonl",
+            "files": len(self._paths),
+            "bytes": total,
+            "sample": sample,
+            "field": self._field,
+            "field_type": None if self._field_type is None else _type_names(self._field_type),
+        }
+
     def __repr__(self) -> str:
         return (
             f"JsonlSource(paths={describe_paths(self._paths)}, field={self._field!r}, "
             f"on_error={self._on_error!r}, len={len(self)})"
         )
+
+    def _problem(self, raw: bytes) -> tuple[str, str] | None:
+        """``(kind, detail)`` of what reading this line would fail on, or None."""
+        try:
+            record = json.loads(raw)
+        except UnicodeDecodeError as e:
+            return "undecodable", _describe_json_error(e)
+        except ValueError as e:
+            return "invalid_json", _describe_json_error(e)
+        if self._field is None:
+            return None
+        if not isinstance(record, dict) or self._field not in record:
+            return "missing_field", _describe_found(record)
+        if self._field_type is not None and not isinstance(record[self._field], self._field_type):
+            return "wrong_type", type(record[self._field]).__name__
+        return None
+
+    def _index_valid_lines(self, path: str, f: IO[bytes]) -> tuple[np.ndarray, int]:
+        """Offsets of the lines of `f` that read without error, and its size; counts and
+        warns about the others."""
+        found: list[int] = []
+        counts = dict.fromkeys(SKIP_KINDS, 0)
+        first: dict[str, int] = {}
+        offset = 0
+        for lineno, raw in enumerate(f, start=1):
+            if raw.strip(_JSON_WHITESPACE):
+                problem = self._problem(raw)
+                if problem is None:
+                    found.append(offset)
+                else:
+                    counts[problem[0]] += 1
+                    first.setdefault(problem[0], lineno)
+            offset += len(raw)
+        skipped = sum(counts.values())
+        if skipped:
+            for kind, n in counts.items():
+                self._skipped[kind] += n
+            detail = ", ".join(
+                f"{n} {_SKIP_WORDS[kind]} (first: line {first[kind]})"
+                for kind, n in counts.items()
+                if n
+            )
+            wanted = "" if self._field is None else f" (field {self._field!r}"
+            if wanted and self._field_type is not None:
+                wanted += f" of type {_type_names(self._field_type)}"
+            wanted += ")" if wanted else ""
+            warnings.warn(
+                f"JsonlSource: skipped {skipped} of {skipped + len(found)} records of {path}"
+                f"{wanted}: {detail}; on_error='raise' reports each one",
+                UserWarning,
+                stacklevel=3,
+            )
+        return np.array(found, dtype=np.int64), offset
 
     def _file_of(self, i: int) -> int:
         # side="right" steps over empty files, whose start equals the next file's.
@@ -117,17 +220,19 @@ class JsonlSource:
         if self._field is None:
             return record
         if not isinstance(record, dict) or self._field not in record:
-            found = (
-                f"keys {sorted(record)[:10]}"
-                if isinstance(record, dict)
-                else f"a {type(record).__name__}, not an object"
-            )
             raise KeyError(
                 f"JsonlSource: field {self._field!r} is missing from the record at "
-                f"{path}:{_line_number(path, start)} (found {found}); fix the record or pass "
-                "another field"
+                f"{path}:{_line_number(path, start)} (found {_describe_found(record)}); fix "
+                "the record, pass another field, or pass on_error='skip'"
             )
-        return record[self._field]
+        value = record[self._field]
+        if self._field_type is not None and not isinstance(value, self._field_type):
+            raise TypeError(
+                f"JsonlSource: field {self._field!r} of the record at "
+                f"{path}:{_line_number(path, start)} is a {type(value).__name__} ({value!r:.60}), "
+                f"not {_type_names(self._field_type)}; fix the record or pass on_error='skip'"
+            )
+        return value
 
 
 def _index_lines(f: IO[bytes]) -> tuple[np.ndarray, int]:
@@ -160,29 +265,15 @@ def _index_lines(f: IO[bytes]) -> tuple[np.ndarray, int]:
     return offsets.astype(np.int64, copy=False), size
 
 
-def _index_valid_lines(path: str, f: IO[bytes]) -> tuple[np.ndarray, int]:
-    """Offsets of the lines of `f` that parse as JSON, and its size; logs what it skips."""
-    found: list[int] = []
-    skipped = first_bad = 0
-    offset = 0
-    for lineno, raw in enumerate(f, start=1):
-        if raw.strip(_JSON_WHITESPACE):
-            try:
-                json.loads(raw)
-            except ValueError:
-                skipped += 1
-                first_bad = first_bad or lineno
-            else:
-                found.append(offset)
-        offset += len(raw)
-    if skipped:
-        logger.warning(
-            "JsonlSource: skipped %d line(s) of %s that are not valid JSON (first: line %d)",
-            skipped,
-            path,
-            first_bad,
-        )
-    return np.array(found, dtype=np.int64), offset
+def _describe_found(record: Any) -> str:
+    if isinstance(record, dict):
+        return f"keys {sorted(record)[:10]}"
+    return f"a {type(record).__name__}, not an object"
+
+
+def _type_names(kinds: type | tuple[type, ...]) -> str:
+    kinds = kinds if isinstance(kinds, tuple) else (kinds,)
+    return " | ".join(getattr(k, "__name__", repr(k)) for k in kinds)
 
 
 def _line_number(path: str, offset: int) -> int:

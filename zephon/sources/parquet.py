@@ -17,6 +17,7 @@ from zephon.sources._fs import (
     normalize_paths,
     open_binary,
 )
+from zephon.sources.identity import files_sample
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -119,6 +120,42 @@ class ParquetSource:
             for pos, value in zip(positions, values, strict=True):
                 out[pos] = value
         return out
+
+    def read_column(self, column: str) -> np.ndarray:
+        """One column of every file, as a numpy array in row order (for a column of token
+        counts: ``StaticMixtureWorkSource(..., lengths={name: column})``). Reads the whole
+        column once.
+
+        Raises:
+            ValueError: a file has no such column.
+        """
+        pq = _import_parquet()
+        parts = []
+        for path in self._paths:
+
+            def read(source: str | IO[bytes]) -> Any:
+                return pq.read_table(source, columns=[column]).column(0)
+
+            try:
+                parts.append(self._with_file(path, read).to_numpy())
+            except (KeyError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
+                raise ValueError(f"ParquetSource: {path} has no column {column!r}") from e
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+    def content_identity(self) -> dict[str, Any]:
+        """What the source holds, for the pipeline fingerprint: the files' total size and a
+        digest of each file's size and sampled blocks (see :mod:`zephon.sources.identity`;
+        at most 512 KiB read per file; the last block holds the footer of most files), plus
+        the columns read. Not the paths: a copied dataset still matches."""
+        total, sample = files_sample("ParquetSource", self._paths)
+        return {
+            "kind": "parquet",
+            "files": len(self._paths),
+            "bytes": total,
+            "sample": sample,
+            "columns": self._columns,
+            "field": self._field,
+        }
 
     def __getstate__(self) -> dict[str, Any]:
         # Decoded row groups are a per-process cache, not state; threading.local cannot

@@ -9,6 +9,7 @@ from typing import Any, Literal
 import numpy as np
 
 from zephon.sources._fs import PathArg, check_index
+from zephon.sources.identity import files_sample
 
 _DTYPES: dict[str, np.dtype[Any]] = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
 # Tokens compared per step when splitting at EOS: bounds the temporary bool array.
@@ -78,6 +79,30 @@ class TokenFileSource:
     def read(self, indices: Sequence[int]) -> list[dict[str, np.ndarray]]:
         """Documents at `indices`, in that order."""
         return [self[i] for i in indices]
+
+    def token_offsets(self) -> np.ndarray:
+        """The ``N + 1`` token offsets of the documents (document ``i`` has ``o[i + 1] -
+        o[i]`` tokens), for token-denominated mixture weights. Shared, not copied."""
+        return self._bounds
+
+    def content_identity(self) -> dict[str, Any]:
+        """What the source holds, for the pipeline fingerprint: the token file's size and a
+        digest of sampled blocks (see :mod:`zephon.sources.identity`; at most 512 KiB
+        read), the dtype and how documents are split (the EOS id, or the index file's size
+        and sample). Not the paths: a copied dataset still matches."""
+        total, sample = files_sample("TokenFileSource", [self._path])
+        identity: dict[str, Any] = {
+            "kind": "token_file",
+            "bytes": total,
+            "sample": sample,
+            "dtype": self._dtype.name,
+            "eos_id": self._eos_id,
+        }
+        if self._index_path is not None:
+            identity["index_bytes"], identity["index_sample"] = files_sample(
+                "TokenFileSource", [self._index_path]
+            )
+        return identity
 
     def __getstate__(self) -> dict[str, Any]:
         # A memmap would pickle as a full in-memory copy; the receiver maps the file again.

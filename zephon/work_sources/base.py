@@ -18,7 +18,14 @@ __all__ = ["LaneShardable", "RandomAccessDataset", "WorkSource"]
 
 @runtime_checkable
 class RandomAccessDataset(Protocol):
-    """What a WorkSource needs from a dataset: a length and integer indexing."""
+    """What a WorkSource needs from a dataset: a length and integer indexing.
+
+    A dataset may also offer ``content_identity() -> dict``: a small dict of plain values
+    that changes when its data does, for the pipeline fingerprint (see
+    :mod:`zephon.sources.identity`; without it only its type name and length are checked),
+    and ``skipped_records() -> dict[str, int]``: records it left out, by kind, reported by
+    ``Pipeline.stats()``.
+    """
 
     def __len__(self) -> int: ...
 

@@ -26,14 +26,14 @@ import numpy as np
 
 from zephon._native import load
 
-__all__ = ["NUM_ROUNDS", "MAX_N", "mix64", "permute"]
+__all__ = ["NUM_ROUNDS", "MAX_N", "mix64", "permute", "permute_runs"]
 
 NUM_ROUNDS = 6
 # Positions and images are int64, so the domain must fit in int64.
 MAX_N = 2**63
-# Below this many positions a pure-Python loop beats numpy's per-call overhead (a work chunk
-# holds a handful of samples per component and dataset epoch). Both paths compute the same
-# function; the tests check that they agree.
+# Without the C module, below this many positions a pure-Python loop beats numpy's per-call
+# overhead (a work chunk holds a handful of samples per component and dataset epoch). All
+# paths compute the same function; the tests check that they agree.
 _SCALAR_MAX = 16
 
 
@@ -150,15 +150,35 @@ def permute(positions: np.ndarray | list[int] | int, n: int, key: int) -> np.nda
     if n == 1:
         return np.zeros(shape, dtype=np.int64)
 
+    return _permute_valid(flat, n, operator.index(key)).reshape(shape)
+
+
+def permute_runs(positions: np.ndarray, n: int, keys: list[int], starts: list[int]) -> np.ndarray:
+    """:func:`permute` of consecutive runs of ``positions``, each with its own key: run
+    ``r`` is ``positions[starts[r]:starts[r + 1]]`` (the last one to the end) under
+    ``keys[r]``. For callers whose positions are known valid (a 1-D int64 array in
+    ``[0, n)``, ``starts`` ascending from 0): no checks, one call per run."""
+    out = np.empty(len(positions), dtype=np.int64)
+    ends = [*starts[1:], len(positions)]
+    for key, lo, hi in zip(keys, starts, ends, strict=True):
+        out[lo:hi] = _permute_valid(positions[lo:hi], n, key)
+    return out
+
+
+def _permute_valid(flat: np.ndarray, n: int, key: int) -> np.ndarray:
+    """The images of a 1-D integer array of valid positions (``permute`` without checks)."""
+    if n == 1:
+        return np.zeros(flat.size, dtype=np.int64)
     half_bits = _half_bits(n)
-    round_keys = _round_keys(operator.index(key) & _MASK64, half_bits)
-    if flat.size <= _SCALAR_MAX:
-        images = [_permute_scalar(int(x), n, half_bits, round_keys) for x in flat.tolist()]
-        return np.array(images, dtype=np.int64).reshape(shape)
+    round_keys = _round_keys(key & _MASK64, half_bits)
     if _NATIVE is not None:
         out = np.empty(flat.size, dtype=np.uint64)
-        _NATIVE.permute_into(flat.astype(np.uint64), out, n, half_bits, round_keys)
-        return out.astype(np.int64).reshape(shape)
+        src = flat.view(np.uint64) if flat.dtype == np.int64 else flat.astype(np.uint64)
+        _NATIVE.permute_into(np.ascontiguousarray(src), out, n, half_bits, round_keys)
+        return out.view(np.int64)
+    if flat.size <= _SCALAR_MAX:
+        images = [_permute_scalar(int(x), n, half_bits, round_keys) for x in flat.tolist()]
+        return np.array(images, dtype=np.int64)
     out = _feistel(flat.astype(np.uint64), half_bits, round_keys)
     # Cycle walking: the network permutes range(2**(2*half_bits)); following the cycle of
     # an out-of-range image until it re-enters range(n) gives a bijection of range(n).
@@ -170,4 +190,4 @@ def permute(positions: np.ndarray | list[int] | int, n: int, key: int) -> np.nda
     # The walk's long tail (a few elements, several more steps each) is cheaper per element.
     for i in todo.tolist():
         out[i] = _permute_scalar(int(out[i]), n, half_bits, round_keys)
-    return out.astype(np.int64).reshape(shape)
+    return out.astype(np.int64)

@@ -186,3 +186,37 @@ def test_fsync_dir_propagates_real_errors(tmp_path: Path, monkeypatch: pytest.Mo
 def test_fsync_dir_missing_directory(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         fsync_dir(tmp_path / "nope")
+
+
+@pytest.mark.parametrize("step", ["fsync", "replace", "open"])
+def test_every_failure_names_the_target_not_the_temp_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: str
+) -> None:
+    target = tmp_path / "ck.bin"
+    real_open = os.open
+
+    def fail(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def fail_open(path: str, *args: object, **kwargs: object) -> int:
+        if ".tmp-" in path:
+            raise OSError(errno.ENOSPC, "No space left on device", path)
+        return real_open(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, step, fail_open if step == "open" else fail)
+    with pytest.raises(OSError) as e:
+        atomic_write_bytes(target, b"x")
+    assert e.value.errno == errno.ENOSPC
+    assert e.value.filename == str(target)
+    assert str(e.value) == f"[Errno {errno.ENOSPC}] No space left on device: '{target}'"
+    monkeypatch.undo()
+    assert _leftovers(tmp_path) == []
+
+
+def test_missing_directory_names_the_target_and_make_parents_creates_it(tmp_path: Path) -> None:
+    target = tmp_path / "nope" / "deeper" / "ck.bin"
+    with pytest.raises(FileNotFoundError) as e:
+        atomic_write_bytes(target, b"x")
+    assert e.value.filename == str(target)
+    assert atomic_write_bytes(target, b"x", make_parents=True) == 1
+    assert target.read_bytes() == b"x"

@@ -651,3 +651,144 @@ def test_property_arbitrary_msgpack_behind_a_valid_envelope(raw: bytes) -> None:
         return
     assert isinstance(state, dict)
     assert same(loads(dumps(state)), state)
+
+
+# ------------------------------------------------------ where the file goes, and I/O errors
+
+
+def test_save_creates_missing_parent_directories(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    synced: list[int] = []
+    real_fsync = os.fsync
+
+    def recording_fsync(fd: int) -> None:
+        synced.append(os.fstat(fd).st_ino)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    save("ckpt/loader-0.zph", {"step": 0})  # the README's snippet, with no ckpt/ yet
+    assert load(tmp_path / "ckpt" / "loader-0.zph") == {"step": 0}
+    save(tmp_path / "a" / "b" / "c.zph", {"step": 1})
+    assert load(tmp_path / "a" / "b" / "c.zph") == {"step": 1}
+    # Each new directory's entry is synced into its parent, like the file's into its own.
+    for directory in (tmp_path, tmp_path / "a", tmp_path / "a" / "b"):
+        assert directory.stat().st_ino in synced
+    assert sorted(p.name for p in (tmp_path / "a" / "b").iterdir()) == ["c.zph"]
+
+
+def test_save_where_a_file_stands_for_a_directory_names_the_target(tmp_path: Path) -> None:
+    (tmp_path / "ckpt").write_bytes(b"not a directory")
+    target = tmp_path / "ckpt" / "sub" / "loader.zph"
+    with pytest.raises(NotADirectoryError) as e:
+        save(target, {"step": 0})
+    assert e.value.filename == str(target)
+    assert str(target) in str(e.value) and f"{tmp_path / 'ckpt'} is not a directory" in str(e.value)
+
+
+_FULL_DISK_CHILD = """
+import json, os, resource, signal, sys
+from zephon.checkpoint.io import save
+
+# A file size limit makes the write fail as a full disk would: the kernel refuses the bytes
+# past the limit (EFBIG, where a full disk says ENOSPC). SIGXFSZ would kill the process.
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+try:
+    save(sys.argv[1], {"blob": os.urandom(64 << 10)})
+except OSError as e:
+    print(json.dumps({"type": type(e).__name__, "errno": e.errno, "filename": e.filename,
+                      "text": str(e)}))
+"""
+
+
+def test_save_on_a_full_disk_names_the_target_and_keeps_the_old_file(tmp_path: Path) -> None:
+    import errno
+    import json
+    import subprocess
+    import sys
+
+    target = tmp_path / "ckpt" / "loader.zph"
+    save(target, {"step": 1})
+    old = target.read_bytes()
+    repo = Path(__file__).resolve().parents[3]
+    done = subprocess.run(
+        [sys.executable, "-c", _FULL_DISK_CHILD, str(target)],
+        capture_output=True,
+        text=True,
+        cwd=repo,
+        timeout=120,
+        check=True,
+    )
+    error = json.loads(done.stdout)
+    assert error["errno"] == errno.EFBIG and error["type"] == "OSError"
+    assert error["filename"] == str(target)
+    assert error["text"] == f"[Errno {errno.EFBIG}] File too large: '{target}'"
+    assert target.read_bytes() == old
+    assert [p.name for p in target.parent.iterdir()] == ["loader.zph"]  # no temp file left
+
+
+def _unprivileged(fn: Any) -> str:
+    """``fn()``'s OSError as ``"Type|errno|filename|text"`` ("ok" if none), run where file
+    permissions apply: here when not root, else in a forked child that became nobody."""
+    if os.geteuid() != 0:
+        try:
+            fn()
+        except OSError as e:
+            return f"{type(e).__name__}|{e.errno}|{e.filename}|{e}"
+        return "ok"
+    import warnings
+
+    read_end, write_end = os.pipe()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork beside threads: the child
+        pid = os.fork()  # only makes system calls and exits
+    if pid == 0:  # pragma: no cover - the child
+        result = "child failed"
+        try:
+            os.close(read_end)
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            try:
+                fn()
+                result = "ok"
+            except OSError as e:
+                result = f"{type(e).__name__}|{e.errno}|{e.filename}|{e}"
+        finally:
+            os.write(write_end, result.encode())
+            os._exit(0)
+    os.close(write_end)
+    chunks = []
+    while chunk := os.read(read_end, 65536):
+        chunks.append(chunk)
+    os.close(read_end)
+    os.waitpid(pid, 0)
+    return b"".join(chunks).decode()
+
+
+def test_save_without_permission_names_the_target() -> None:
+    import errno
+    import shutil
+    import tempfile
+
+    # Not under tmp_path, whose ancestors only their owner may enter.
+    top = Path(tempfile.mkdtemp(prefix="zephon-perm-"))
+    locked = top / "locked"
+    locked.mkdir()
+    os.chmod(top, 0o755)  # others may look in, but not write in "locked"
+    os.chmod(locked, 0o555)
+    try:
+        target = locked / "loader.zph"
+        kind, code, filename, text = _unprivileged(lambda: save(target, {"step": 0})).split("|", 3)
+        assert (kind, int(code), filename) == ("PermissionError", errno.EACCES, str(target))
+        assert text == f"[Errno {errno.EACCES}] Permission denied: '{target}'"
+        nested = locked / "new" / "loader.zph"
+        kind, code, filename, text = _unprivileged(lambda: save(nested, {"step": 0})).split("|", 3)
+        assert (kind, filename) == ("PermissionError", str(nested))
+        assert f"creating the directory {locked / 'new'}" in text
+        assert list(locked.iterdir()) == []
+    finally:
+        os.chmod(locked, 0o755)
+        shutil.rmtree(top)

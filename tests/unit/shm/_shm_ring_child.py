@@ -1,19 +1,21 @@
 """Producer process for test_shm_processes.py (run as a script, not collected).
 
-Usage: python _shm_ring_child.py RING_NAME COUNT
-Attaches to the ring, sends COUNT verifiable messages (alternating ``put`` and
-in-place ``reserve``/``array``/``commit``), closes the ring and prints the core
-implementation it ran.
+Usage: python _shm_ring_child.py FD COUNT
+Attaches to the ring behind the inherited descriptor FD, sends COUNT verifiable messages
+(alternating ``put`` and in-place ``reserve``/``array``/``commit``), closes the ring and
+prints the core implementation it ran. ``produce_from_pipe`` does the same in a process a
+multiprocess start method made, receiving the descriptor over its pipe.
 """
 
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import msgpack
 import numpy as np
 
-from zephon.shm import IMPLEMENTATION, ShmRing
+from zephon.shm import IMPLEMENTATION, ShmRing, recv_fds
 
 
 def expected_arrays(i: int) -> list[np.ndarray]:
@@ -30,8 +32,19 @@ def expected_meta(i: int) -> bytes:
     return msgpack.packb({"i": i, "contributors": [[i, j, 0, True] for j in range(i % 4)]})
 
 
-def main(name: str, count: int) -> None:
-    ring = ShmRing.attach(name)
+def produce_from_pipe(conn: Any, count: int) -> None:
+    (fd,) = recv_fds(conn)
+    produce(fd, count)
+    conn.send(IMPLEMENTATION)
+
+
+def main(fd: int, count: int) -> None:
+    produce(fd, count)
+    print(IMPLEMENTATION)
+
+
+def produce(fd: int, count: int) -> None:
+    ring = ShmRing.attach(fd)
     try:
         for i in range(count):
             arrays = expected_arrays(i)
@@ -44,8 +57,7 @@ def main(name: str, count: int) -> None:
                 slot.commit(expected_meta(i))
     finally:
         ring.close()
-    print(IMPLEMENTATION)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]))
+    main(int(sys.argv[1]), int(sys.argv[2]))

@@ -7,29 +7,39 @@ core really matches the environment.
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Callable, Iterator
 
 import pytest
 
 from zephon.shm import ShmRing
-from zephon.shm.segment import SHM_DIR
 
 
-def own_segments() -> set[str]:
-    prefix = f"zephon_{os.getpid()}_"
-    return {name for name in os.listdir(SHM_DIR) if name.startswith(prefix)}
+def own_memfds() -> set[str]:
+    """This process's open memfd descriptors (``fd -> /memfd:name``): every segment it holds."""
+    held = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue  # the listing's own descriptor, closed by now
+        if target.startswith("/memfd:"):
+            held.add(f"{fd} -> {target}")
+    return held
 
 
 @pytest.fixture(autouse=True)
 def no_leaked_segments() -> Iterator[None]:
-    """Every test must close and unlink the segments this process created."""
-    before = own_segments()
+    """Every test must close the segments it made or attached: a descriptor left open
+    keeps the memory alive for as long as this process lives."""
+    before = own_memfds()
     yield
-    leaked = own_segments() - before
-    for name in leaked:  # clean up so one leak does not fail every later test
-        os.unlink(os.path.join(SHM_DIR, name))
-    assert not leaked, f"test left shared-memory segments behind: {sorted(leaked)}"
+    gc.collect()  # rings and segments only dropped are closed by garbage collection
+    leaked = own_memfds() - before
+    for entry in leaked:  # clean up so one leak does not fail every later test
+        os.close(int(entry.split(" ", 1)[0]))
+    assert not leaked, f"test left shared-memory segments open: {sorted(leaked)}"
 
 
 RingPair = tuple[ShmRing, ShmRing]
@@ -37,21 +47,19 @@ RingPair = tuple[ShmRing, ShmRing]
 
 @pytest.fixture
 def make_rings() -> Iterator[Callable[..., RingPair]]:
-    """Factory: (producer, consumer) over one new ring; both closed, segment unlinked."""
+    """Factory: (producer, consumer) over one new ring; both closed afterwards."""
     made: list[ShmRing] = []
 
     def make(nslots: int = 4, slot_bytes: int = 256 * 1024) -> RingPair:
         producer = ShmRing.create(nslots, slot_bytes)
         made.append(producer)
-        consumer = ShmRing.attach(producer.name)
+        consumer = ShmRing.attach(os.dup(producer.fileno()))  # attach takes over the fd
         made.append(consumer)
         return producer, consumer
 
     yield make
     for ring in made:
         ring.close()
-        if ring.owner:
-            ring.unlink()
 
 
 @pytest.fixture

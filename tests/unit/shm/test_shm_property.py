@@ -4,6 +4,7 @@ empty exactly when a model says so."""
 
 from __future__ import annotations
 
+import os
 import struct
 
 import numpy as np
@@ -46,7 +47,10 @@ def check(message, expected: tuple[bytes, list[np.ndarray]]) -> None:
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), nslots=st.integers(1, 4))
 def test_random_interleavings_preserve_contents_and_order(data, nslots) -> None:
-    with ShmRing.create(nslots, SLOT_BYTES) as producer, ShmRing.attach(producer.name) as consumer:
+    with (
+        ShmRing.create(nslots, SLOT_BYTES) as producer,
+        ShmRing.attach(os.dup(producer.fileno())) as consumer,
+    ):
         expected: dict[int, tuple[bytes, list[np.ndarray]]] = {}
         status: list[str] = []  # per reservation: "open", "committed" or "aborted"
         released: list[bool] = []

@@ -9,6 +9,7 @@ import signal
 import struct
 import threading
 import time
+from pathlib import Path
 
 import msgpack
 import numpy as np
@@ -326,19 +327,31 @@ def test_release_and_views_survive_closing_the_ring(rings) -> None:
     message.release()  # a no-op once closed
 
 
-def test_context_manager_closes_and_unlinks() -> None:
-    with ShmRing.create(2, 4096) as ring:
-        path = ring._segment.path
-        with ShmRing.attach(ring.name) as other:
-            assert not other.owner
+def test_context_manager_closes_the_ring_and_its_descriptor() -> None:
+    with ShmRing.create(2, 4096, name="zephon-ring-test") as ring:
+        fd = ring.fileno()
+        assert os.readlink(f"/proc/self/fd/{fd}") == "/memfd:zephon-ring-test (deleted)"
+        with ShmRing.attach(os.dup(ring.fileno())) as other:
+            assert other.name == "zephon-ring-test"
+            other_fd = other.fileno()
+    assert ring.closed and other.closed
+    for gone in (fd, other_fd):
+        with pytest.raises(OSError):
+            os.fstat(gone)
+    with pytest.raises(ShmError, match="is closed"):
+        ring.fileno()
+
+
+def test_a_ring_has_no_name_in_dev_shm() -> None:
+    before = set(os.listdir("/dev/shm"))
+    with ShmRing.create(2, 4096, name="zephon-ring-nameless") as ring:
+        assert not [n for n in set(os.listdir("/dev/shm")) - before if "nameless" in n]
+        assert "/memfd:zephon-ring-nameless" in Path("/proc/self/maps").read_text()
     assert ring.closed
-    with pytest.raises(ShmError):
-        ShmRing.attach(ring.name)
-    assert path.endswith(ring.name)
 
 
 def test_rings_refuse_pickling(rings) -> None:
-    with pytest.raises(TypeError, match="ShmRing.attach"):
+    with pytest.raises(TypeError, match=r"ring.fileno\(\).*ShmRing.attach\(fd\)"):
         pickle.dumps(rings[0])
 
 
@@ -393,17 +406,17 @@ def test_object_and_structured_dtypes_are_rejected(rings) -> None:
 
 
 def test_attach_to_a_segment_with_a_bad_magic_is_a_ring_error() -> None:
-    with create_segment(1 << 16) as segment:
+    with create_segment(1 << 16, name="not-a-ring") as segment:
         segment.mmap[:8] = b"NOTARING"
-        with pytest.raises(RingError, match="bad magic"):
-            ShmRing.attach(segment.name)
+        with pytest.raises(RingError, match="'not-a-ring' failed: .*bad magic"):
+            ShmRing.attach(os.dup(segment.fileno()))
 
 
 def test_attach_to_a_ring_of_another_layout_version_is_a_ring_error() -> None:
     with ShmRing.create(2, 4096) as ring:
         ring._segment.mmap[8:12] = struct.pack("<I", 99)
         with pytest.raises(RingError, match="layout version"):
-            ShmRing.attach(ring.name)
+            ShmRing.attach(os.dup(ring.fileno()))
 
 
 def test_attach_to_a_truncated_ring_is_a_ring_error() -> None:
@@ -411,12 +424,24 @@ def test_attach_to_a_truncated_ring_is_a_ring_error() -> None:
         with create_segment(4096 * 3) as short:
             short.mmap[:] = ring._segment.mmap[: 4096 * 3]
             with pytest.raises(RingError, match="does not match the segment size"):
-                ShmRing.attach(short.name)
+                ShmRing.attach(os.dup(short.fileno()))
 
 
-def test_attach_to_a_missing_segment_is_a_shm_error() -> None:
-    with pytest.raises(ShmError, match="cannot open"):
-        ShmRing.attach("zephon_1_1_0123456789abcdef")
+def test_attach_to_a_bad_descriptor_is_a_shm_error(tmp_path) -> None:
+    read_end, write_end = os.pipe()
+    os.close(write_end)
+    with pytest.raises(ShmError, match=f"cannot attach 'pipe:.*' \\(fd {read_end}\\): it is empty"):
+        ShmRing.attach(read_end)
+    directory = os.open(tmp_path, os.O_RDONLY)
+    with pytest.raises(ShmError, match=f"cannot map '{tmp_path}' \\(fd {directory}\\)"):
+        ShmRing.attach(directory)
+    for taken in (read_end, directory):  # attach took them over, and closed them on failure
+        with pytest.raises(OSError):
+            os.fstat(taken)
+    closed = os.open(os.devnull, os.O_RDONLY)
+    os.close(closed)
+    with pytest.raises(ShmError, match=f"cannot attach fd {closed}"):
+        ShmRing.attach(closed)
 
 
 def test_a_corrupt_frame_is_a_ring_error_and_the_slot_is_released(make_rings) -> None:
@@ -565,7 +590,7 @@ def test_a_dropped_slot_writer_is_aborted_instead_of_stalling_the_ring(make_ring
     assert consumer.get(timeout_s=0, zero_copy=False).meta == b"after"
 
 
-def test_a_forked_copy_dropping_the_ring_neither_closes_nor_unlinks_it(rings) -> None:
+def test_a_forked_copy_dropping_the_ring_does_not_close_it(rings) -> None:
     producer, consumer = rings
     pid = os.fork()
     if pid == 0:  # child: finalize the inherited objects, leave without atexit
@@ -578,6 +603,6 @@ def test_a_forked_copy_dropping_the_ring_neither_closes_nor_unlinks_it(rings) ->
         os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
-    assert not producer.closed and os.path.exists(producer._segment.path)
+    assert not producer.closed and not consumer.closed
     producer.put(b"still open", timeout_s=0)
     assert consumer.get(timeout_s=0, zero_copy=False).meta == b"still open"

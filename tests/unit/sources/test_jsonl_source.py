@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import re
 import sys
 import uuid
@@ -101,13 +100,102 @@ def test_invalid_utf8_is_bad_json(tmp_path):
         JsonlSource(path)[1]
 
 
-def test_skip_leaves_bad_lines_out(tmp_path, check_source, caplog):
+def test_skip_leaves_bad_lines_out(tmp_path, check_source):
     lines = [*dumps(RECORDS[:2]), "{bad", "", *dumps(RECORDS[2:6]), "[1,", *dumps(RECORDS[6:])]
     path = write_lines(tmp_path / "a.jsonl", lines, newline="\r\n", trailing=False)
-    with caplog.at_level(logging.WARNING, logger="zephon.sources.jsonl"):
+    with pytest.warns(UserWarning) as warned:
         ds = JsonlSource(path, on_error="skip")
     check_source(ds, RECORDS)
-    assert f"skipped 2 line(s) of {path} that are not valid JSON (first: line 3)" in caplog.text
+    assert [str(w.message) for w in warned] == [
+        f"JsonlSource: skipped 2 of 14 records of {path}: 2 not valid JSON (first: line 3); "
+        "on_error='raise' reports each one"
+    ]
+    assert warned[0].filename == __file__  # it points at the caller's line
+    assert ds.skipped_records() == {
+        "invalid_json": 2,
+        "undecodable": 0,
+        "missing_field": 0,
+        "wrong_type": 0,
+    }
+
+
+def test_skip_covers_every_per_record_failure_and_warns_once_per_file(tmp_path):
+    good = [{"text": f"t{i}"} for i in range(6)]
+    a = tmp_path / "a.jsonl"
+    a.write_bytes(
+        b"\n".join(
+            [
+                json.dumps(good[0]).encode(),
+                b"{not json",  # line 2: invalid JSON
+                b'{"text": "\xff\xfe"}',  # line 3: not UTF-8
+                b'{"other": 1}',  # line 4: no field
+                b"[1, 2]",  # line 5: not an object, so no field
+                b'{"text": 7}',  # line 6: the field of another type
+                json.dumps(good[1]).encode(),
+                b'{"text": null}',  # line 8: another type again
+                json.dumps(good[2]).encode(),
+            ]
+        )
+        + b"\n"
+    )
+    b = write_lines(tmp_path / "b.jsonl", dumps(good[3:]))  # clean: no warning for it
+    c = write_lines(tmp_path / "c.jsonl", ['{"text": 1}', *dumps(good[:1])])
+    with pytest.warns(UserWarning) as warned:
+        ds = JsonlSource([a, b, c], field="text", field_type=str, on_error="skip")
+    assert [str(w.message) for w in warned] == [
+        f"JsonlSource: skipped 6 of 9 records of {a} (field 'text' of type str): 1 not valid "
+        "JSON (first: line 2), 1 not UTF-8 (first: line 3), 2 without the field (first: line "
+        "4), 2 with a field of another type (first: line 6); on_error='raise' reports each one",
+        f"JsonlSource: skipped 1 of 2 records of {c} (field 'text' of type str): 1 with a "
+        "field of another type (first: line 1); on_error='raise' reports each one",
+    ]
+    assert ds.read(range(len(ds))) == ["t0", "t1", "t2", "t3", "t4", "t5", "t0"]
+    assert ds.skipped_records() == {
+        "invalid_json": 1,
+        "undecodable": 1,
+        "missing_field": 2,
+        "wrong_type": 3,
+    }
+    with pytest.warns(UserWarning, match=r"skipped 4 of 9 records"):
+        # Without field_type, a value of any type is a record; without field, any object.
+        assert JsonlSource(a, field="text", on_error="skip").skipped_records()["wrong_type"] == 0
+    with pytest.warns(UserWarning, match=r"skipped 2 of 9"):
+        assert len(JsonlSource(a, on_error="skip")) == 7
+
+
+def test_raise_mode_names_a_field_of_the_wrong_type(tmp_path):
+    path = write_lines(tmp_path / "a.jsonl", ['{"text": "ok"}', '{"text": 7}'])
+    ds = JsonlSource(path, field="text", field_type=str)
+    assert ds[0] == "ok"
+    with pytest.raises(
+        TypeError,
+        match=re.escape(
+            f"field 'text' of the record at {path}:2 is a int (7), not str; fix the record or "
+            "pass on_error='skip'"
+        ),
+    ):
+        ds[1]
+    assert JsonlSource(path, field="text", field_type=(str, int)).read([0, 1]) == ["ok", 7]
+    with pytest.raises(ValueError, match=r"field_type=str needs a field; pass field= too"):
+        JsonlSource(path, field_type=str)
+    with pytest.raises(
+        TypeError, match=r"field_type must be a type or a tuple of types; got 'str'"
+    ):
+        JsonlSource(path, field="text", field_type="str")  # type: ignore[arg-type]
+
+
+def test_pipeline_stats_report_skipped_records_per_component(tmp_path):
+    import zephon as zp
+
+    path = write_lines(tmp_path / "a.jsonl", ['{"text": "a"}', '{"x": 1}', "{bad", '{"text": "b"}'])
+    with pytest.warns(UserWarning, match=r"skipped 2 of 4 records"):
+        web = JsonlSource(path, field="text", on_error="skip")
+    src = zp.StaticMixtureWorkSource({"web": web, "mem": zp.ArraySource(["c", "d"])}, chunk_size=2)
+    with zp.Pipeline(src, canonical_replicas=1).fetch().batch(2) as pipe:
+        next(pipe)
+        assert pipe.stats()["skipped_records"] == {
+            "web": {"invalid_json": 1, "undecodable": 0, "missing_field": 1, "wrong_type": 0}
+        }
 
 
 def test_bad_on_error(tmp_path):

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zephon.work_sources.permutation import MAX_N, mix64, permute
+from zephon.work_sources.permutation import MAX_N, mix64, permute, permute_runs
 
 KEYS = [0, 1, 2, 12345, -1, 2**64 - 1, 2**80 + 3]
 
@@ -152,6 +152,26 @@ def test_native_numpy_and_scalar_paths_agree(n: int, key: int, monkeypatch) -> N
     monkeypatch.setattr(permutation, "_NATIVE", None)
     assert fast.tolist() == permute(positions, n, key).tolist()
     assert fast[:40].tolist() == [int(permute(np.array([p]), n, key)[0]) for p in positions[:40]]
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "python"])
+def test_permute_runs_is_permute_of_each_run_with_its_key(native: bool, monkeypatch) -> None:
+    from zephon.work_sources import permutation
+
+    if not native:
+        monkeypatch.setattr(permutation, "_NATIVE", None)
+    n = 1013
+    rng = np.random.default_rng(5)
+    positions = rng.integers(0, n, size=300, dtype=np.int64)
+    starts = [0, 1, 2, 40, 41, 250]  # runs of 1, 1, 38, 1, 209 and 50 positions
+    keys = [mix64(7, r) for r in range(len(starts))]
+    got = permute_runs(positions, n, keys, starts)
+    ends = [*starts[1:], len(positions)]
+    want = np.concatenate(
+        [permute(positions[a:b], n, k) for k, a, b in zip(keys, starts, ends, strict=True)]
+    )
+    assert got.dtype == np.int64 and got.tolist() == want.tolist()
+    assert permute_runs(np.zeros(3, dtype=np.int64), 1, [5], [0]).tolist() == [0, 0, 0]
 
 
 def test_native_permute_rejects_bad_arguments() -> None:

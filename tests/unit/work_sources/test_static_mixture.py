@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from zephon.chunks import WorkChunk
 from zephon.errors import CheckpointError
+from zephon.sources.identity import dataset_identity
 from zephon.work_sources import (
     LaneShardable,
     StaticMixtureWorkSource,
@@ -20,6 +21,8 @@ from zephon.work_sources import (
     mix64,
     permute,
 )
+from zephon.work_sources.interleave import component_key
+from zephon.work_sources.static_mixture import pack_ints, unpack_ints
 
 
 def make(lengths, weights=None, **kwargs) -> StaticMixtureWorkSource:
@@ -51,8 +54,8 @@ def test_golden_first_chunks() -> None:
     ws = make([10, 7], [0.7, 0.3], seed=0, chunk_size=4, lane=1, num_lanes=2)
     chunks = take(ws, 3)
     assert [c.chunk_id for c in chunks] == [0, 1, 2]
-    assert [c.components.tolist() for c in chunks] == [[0, 1, 0, 0], [1, 0, 0, 0], [1, 0, 0, 1]]
-    assert [c.indices.tolist() for c in chunks] == [[3, 6, 5, 4], [1, 8, 9, 2], [5, 1, 5, 1]]
+    assert [c.components.tolist() for c in chunks] == [[0, 1, 0, 0], [1, 0, 0, 1], [0, 0, 0, 1]]
+    assert [c.indices.tolist() for c in chunks] == [[7, 1, 6, 4], [0, 8, 5, 5], [0, 2, 6, 0]]
     assert all(c.components.dtype == np.int32 and c.indices.dtype == np.int64 for c in chunks)
     assert all(c.lane == 1 for c in chunks)
     assert [c.seed for c in chunks] == [mix64(0, 1, i) for i in range(3)]
@@ -82,7 +85,9 @@ def test_protocols_properties_config_repr() -> None:
         "shuffle": True,
         "chunk_size": 8,
         "num_epochs": None,
+        "identities": [dataset_identity(a), dataset_identity(b)],
     }
+    assert [i["kind"] for i in config["identities"]] == ["items", "array"]
     assert msgpack.unpackb(msgpack.packb(config)) == config
     assert ws.for_lane(2, 3).config() == config  # the lane is not part of the config
     assert repr(ws) == (
@@ -149,7 +154,8 @@ def test_lanes_disjoint_and_cover_every_dataset_epoch(num_lanes: int, n: int) ->
     for order in orders:
         assert sorted(order) == list(range(n))
     assert len({tuple(o) for o in orders}) > 1
-    assert orders[0] == permute(np.arange(n), n, mix64(1, 0, 0)).tolist()
+    # The permutation's key comes from the dataset's name ("0" here), not its place.
+    assert orders[0] == permute(np.arange(n), n, mix64(1, component_key("0"), 0)).tolist()
 
 
 def test_every_lane_gets_samples_when_dataset_smaller_than_lane_count() -> None:
@@ -202,7 +208,8 @@ def test_exhaustion_sees_every_sample_num_epochs_times(num_epochs: int, num_lane
         counts.update(pointers(chunks))
         assert [ws.next_chunk() for _ in range(3)] == [None] * 3
         state = ws.state_dict()
-        assert state["exhausted"] == [True, True, True, False]  # zero weight: never drawn
+        limits = [-(-(num_epochs * n - lane) // num_lanes) for n in lengths]
+        assert list(ws.positions) == [*limits[:3], 0]  # zero weight: never drawn
         fresh = base.for_lane(lane, num_lanes)
         fresh.load_state_dict(state)
         assert fresh.next_chunk() is None
@@ -259,22 +266,30 @@ def test_state_size_does_not_grow() -> None:
     late = ws.state_dict()
     assert late["next_chunk_id"] == 10_000
     assert early.keys() == late.keys()
-    assert all(len(early[k]) == len(late[k]) == 3 for k in ("positions", "current", "exhausted"))
-    # Only the ints' msgpack widths may differ (e.g. 1 byte for 28, 3 bytes for 20000).
+    # Per component one packed int of at most 8 bytes, whatever the progress.
+    for key in ("positions", "tokens", "received"):
+        assert len(early[key]) <= 1 + 8 * 3 and len(late[key]) <= 1 + 8 * 3
+    assert late["carry"] == early["carry"] == b""  # static weights: nothing carried
     assert abs(len(msgpack.packb(late)) - len(msgpack.packb(early))) <= 12
 
 
 def equal_mix_state(k: int, lane: int, num_lanes: int) -> dict:
-    """State after k chunks of 4 of a 50/50 mixture, by hand: every two picks return the
-    round-robin counters to zero, so each component has been drawn 2k times."""
+    """State after k chunks of 4 of a 50/50 mixture, by hand: the tags tie after every two
+    picks (ties go to component 0), so each component has been drawn 2k times, and
+    ``received`` (stored as its difference from the positions) is 0."""
     return {
-        "version": 1,
+        "version": 2,
         "lane": lane,
         "num_lanes": num_lanes,
         "next_chunk_id": k,
-        "positions": [2 * k, 2 * k],
-        "current": [0.0, 0.0],
-        "exhausted": [False, False],
+        "lane_tokens": 0,
+        "schedule_position": 0,
+        "virtual_time": float(4 * k),  # one per sample: the weights sum to exactly 1
+        "positions": pack_ints(np.array([2 * k, 2 * k])),
+        "tokens": b"\x00",
+        "received": b"\x00",
+        "carry": b"",
+        "stopped": False,
     }
 
 
@@ -302,8 +317,37 @@ def test_load_far_position_without_iterating() -> None:
         c = len(expected) % 2
         g = lane + p * num_lanes
         n = lengths[c]
-        expected.append(int(permute(np.array([g % n]), n, mix64(seed, c, g // n))[0]))
+        key = component_key(str(c))
+        expected.append(int(permute(np.array([g % n]), n, mix64(seed, key, g // n))[0]))
     assert chunk.indices.tolist() == expected
+
+
+@pytest.mark.parametrize(
+    "values", [[0], [0, 0, 0], [1, -1, 127, -128], [300, -2], [2**40, 5], [-(2**63), 2**63 - 1]]
+)
+def test_packed_ints_round_trip_with_the_smallest_width(values: list[int]) -> None:
+    data = pack_ints(np.array(values, dtype=np.int64))
+    assert unpack_ints(data, len(values), "x").tolist() == values
+    width = data[0]
+    assert width == 0 or len(data) == 1 + width * len(values)
+    lo, hi = min(values), max(values)
+    assert width == (
+        0
+        if not any(values)
+        else next(w for w in (1, 2, 4, 8) if -(2 ** (8 * w - 1)) <= lo and hi < 2 ** (8 * w - 1))
+    )
+
+
+def test_state_of_a_thousand_components_compresses_small() -> None:
+    """Byte planes of similar ints compress well: a 1,000-component lane state deep into a
+    run stays a few KB once zstd has it (the checkpoint file format)."""
+    from zephon.checkpoint import dumps
+
+    ws = make([500] * 1000, chunk_size=64, lane=3, num_lanes=8)
+    take(ws, 2000)  # 128,000 samples: 128 of each component
+    state = ws.state_dict()
+    assert sorted(set(ws.positions)) in ([128], [127, 128], [128, 129])
+    assert len(dumps({"s": state})) < 1500
 
 
 # ----------------------------------------------------------------------- validation
@@ -398,25 +442,47 @@ def good_state() -> dict:
     return ws.state_dict()
 
 
+def test_good_state_is_what_the_errors_below_change() -> None:
+    assert good_state()["positions"] == pack_ints(np.array([3, 3]))
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
         (
-            {"version": 2},
-            "unknown StaticMixtureWorkSource state version 2; this Zephon reads version 1",
+            {"version": 3},
+            "unknown StaticMixtureWorkSource state version 3; this Zephon reads version 2$",
+        ),
+        (
+            {"version": 1},
+            "reads version 2; it was written by an earlier Zephon, which interleaved components "
+            "by smooth weighted round robin: resume it with that version",
         ),
         ({"lane": 0}, r"lane 0 of 2 but this source is lane 1 of 2; load it into for_lane\(0, 2\)"),
         ({"num_lanes": 3}, "lane 1 of 3 but this source is lane 1 of 2"),
         (
-            {"positions": [1, 2, 3]},
-            r"state is for 3 components .* this source has 2 \(\['0', '1'\]\)",
+            {"positions": pack_ints(np.array([1, 2, 3]))},
+            r"state positions holds 3 bytes of width 1; expected 2 values .* \(this source has 2: "
+            r"\['0', '1'\]",
         ),
-        ({"current": [0.0]}, r"current: 1.*this source has 2"),
+        ({"positions": [3, 3]}, "state positions must be packed bytes; got list"),
+        ({"received": b"\x03\x00"}, "state received holds 1 bytes of width 3"),
         ({"extra": 1}, r"unknown keys \['extra'\]"),
-        ({"positions": [-1, 0]}, r"positions\[0\] must be a non-negative int; got -1"),
+        (
+            {"positions": pack_ints(np.array([-1, 0]))},
+            r"state positions\[0\] \('0'\) must be >= 0; got -1",
+        ),
         ({"next_chunk_id": 1.5}, "next_chunk_id must be a non-negative int; got 1.5"),
-        ({"current": [math.nan, 0.0]}, "current must be finite floats"),
-        ({"exhausted": [True, False]}, r"component 0 \('0'\) exhausted=True at position"),
+        ({"carry": b"\x00\x00\xc0\x7f" * 2}, "state carry must be finite float32s"),
+        ({"virtual_time": 3}, "state virtual_time must be a finite float; got 3"),
+        ({"virtual_time": math.inf}, "state virtual_time must be a finite float; got inf"),
+        ({"carry": b"\x00" * 4}, r"state carry must be b'' or 2 float32s"),
+        (
+            {"received": pack_ints(np.array([4, 0]))},
+            r"state received\[0\] \('0'\) is negative \(-1\)",
+        ),
+        ({"schedule_position": 2}, "schedule_position must be 0 without a Schedule; got 2"),
+        ({"stopped": 0}, "state stopped must be a bool; got 0"),
     ],
 )
 def test_load_state_dict_errors(change: dict, message: str) -> None:
@@ -429,35 +495,94 @@ def test_load_state_dict_errors(change: dict, message: str) -> None:
 
 def test_load_state_dict_missing_key() -> None:
     state = good_state()
-    del state["current"]
-    with pytest.raises(ValueError, match=r"missing keys \['current'\]"):
+    del state["carry"]
+    with pytest.raises(ValueError, match=r"missing keys \['carry'\]"):
         make([5, 5], chunk_size=2, lane=1, num_lanes=2).load_state_dict(state)
 
 
-@pytest.mark.parametrize(
-    "lengths,weights",
-    [
-        ([40, 300], [0.7, 0.3]),
-        ([40, 300], [1 / 3, 2 / 3]),
-        # Here the survivor's ``current`` is 0.30000000000000066: adding and taking back its
-        # weight is not a floating-point fixed point, so the steps must be replayed.
-        ([57, 200], [0.9, 0.1]),
-    ],
-)
-def test_one_component_left_takes_the_loop_free_path_with_the_same_result(lengths, weights) -> None:
-    """Once one component is left, picks skip the per-sample loop; they must leave exactly
-    the state (float ``current`` included) and the pointers the loop would."""
-    import copy
+# ------------------------------------------------- per-component epochs, end policy
 
-    src = make(lengths, weights, seed=1, chunk_size=7, num_epochs=1)
-    checked = 0
-    while src._active:
-        if len(src._active) == 1:
-            twin = copy.deepcopy(src)
-            fast, looped = src._single_component_picks(), twin._weighted_picks()
-            assert [a.tolist() for a in fast] == [a.tolist() for a in looped]
-            assert src.state_dict() == twin.state_dict()
-            checked += 1
-        else:
-            src.next_chunk()
-    assert checked > 10
+
+def test_num_epochs_per_component() -> None:
+    base = make([6, 4, 5], [1, 1, 1], chunk_size=3, num_epochs={"0": 2, "2": 1})
+    counts: collections.Counter[tuple[int, int]] = collections.Counter()
+    for lane in range(2):
+        ws = base.for_lane(lane, 2)
+        chunks = take(ws, 60)
+        counts.update(pointers([c for c in chunks if c is not None]))
+        assert chunks[-1] is not None  # component 1 repeats forever: never exhausted
+    assert {counts[(0, i)] for i in range(6)} == {2}
+    assert {counts[(2, i)] for i in range(5)} == {1}
+    assert min(counts[(1, i)] for i in range(4)) > 5
+    assert base.num_epochs == {"0": 2, "2": 1}
+    assert base.config()["num_epochs"] == {"0": 2, "2": 1}
+    with pytest.raises(ValueError, match=r"num_epochs names unknown datasets \['9'\]"):
+        make([3], num_epochs={"9": 1})
+    with pytest.raises(
+        ValueError, match=r"num_epochs\['0'\] must be >= 1.*got num_epochs\['0'\]=0"
+    ):
+        make([3], num_epochs={"0": 0})
+
+
+def test_on_exhausted_stop_ends_the_lane_at_the_first_component_to_run_out() -> None:
+    renorm = make([4, 40], [1, 1], chunk_size=5, num_epochs=1)
+    stop = make([4, 40], [1, 1], chunk_size=5, num_epochs=1, on_exhausted="stop")
+    kept = pointers(drain(renorm))
+    cut = pointers(drain(stop))
+    assert len(kept) == 44
+    # The stream stops right after component 0's last sample: the same prefix, no more.
+    last0 = max(i for i, (c, _) in enumerate(kept) if c == 0)
+    assert cut == kept[: last0 + 1]
+    assert stop.state_dict()["stopped"] is True
+    assert stop.config()["on_exhausted"] == "stop" and "on_exhausted" not in renorm.config()
+    restored = make([4, 40], [1, 1], chunk_size=5, num_epochs=1, on_exhausted="stop")
+    restored.load_state_dict(stop.state_dict())
+    assert restored.next_chunk() is None
+    with pytest.raises(ValueError, match=r"on_exhausted must be one of \('renormalize', 'stop'\)"):
+        make([4], on_exhausted="halt")
+
+
+def test_on_exhausted_stop_for_a_lane_that_gets_nothing_of_a_component() -> None:
+    # 2 samples over 3 lanes, one epoch: lane 2 gets none of component 0, so it stops at once.
+    base = make([2, 50], [1, 1], chunk_size=4, num_epochs={"0": 1}, on_exhausted="stop")
+    assert base.for_lane(2, 3).next_chunk() is None
+    assert base.for_lane(0, 3).next_chunk() is not None
+
+
+def test_defaults_keep_the_config_and_token_options_show_in_it() -> None:
+    plain = make([5, 5], [1, 1])
+    assert set(plain.config()) == {
+        "class",
+        "names",
+        "lengths",
+        "weights",
+        "seed",
+        "shuffle",
+        "chunk_size",
+        "num_epochs",
+        "identities",
+    }
+    tok = StaticMixtureWorkSource([list(range(5))], weight_unit="tokens", lengths=[np.arange(1, 6)])
+    config = tok.config()
+    assert config["weight_unit"] == "tokens"
+    assert config["token_lengths"][0].startswith("lengths:")
+    assert tok.weight_unit == "tokens" and tok.on_exhausted == "renormalize"
+    assert "weight_unit='tokens'" in repr(tok)
+    with pytest.raises(ValueError, match=r"weight_unit must be one of \('samples', 'tokens'\)"):
+        make([5], weight_unit="bytes")
+
+
+def test_token_weights_share_tokens_not_documents() -> None:
+    """Short and long documents at 50/50 by tokens: about 10 short ones per long one."""
+    short, long = np.full(200, 10), np.full(200, 100)
+    ws = StaticMixtureWorkSource(
+        {"short": list(range(200)), "long": list(range(200))},
+        {"short": 1, "long": 1},
+        weight_unit="tokens",
+        lengths={"short": short, "long": long},
+        chunk_size=110,
+    )
+    comps = ws.next_chunk().components
+    assert np.count_nonzero(comps == 0) == 100 and np.count_nonzero(comps == 1) == 10
+    assert ws.tokens_dealt == (1000, 1000)
+    assert ws.state_dict()["lane_tokens"] == 2000

@@ -1,6 +1,7 @@
-"""The fused ``tokenize -> split -> pack`` stage and the chain runner's other shortcuts
-(fetch while expanding a chunk, deferred batch stacking) give what the operators give one
-by one: the same batches, stats, restores and errors."""
+"""The plan's stages give what the operators give one by one: the fused ``[tokenize ->]
+split -> pack`` stage, the head that reads a chunk's samples as it expands it, deferred
+batch stacking, and the runner's stepwise first feed: the same batches, counts, restores
+and errors."""
 
 from __future__ import annotations
 
@@ -10,26 +11,41 @@ import numpy as np
 import pytest
 
 import zephon as zp
-import zephon.runners.chain as chain
 from zephon.chunks import WorkChunk
+from zephon.compile import compile_plan
 from zephon.errors import ContractViolation
-from zephon.operators.base import OpStats
+from zephon.operators.base import OpStats, PipelineContext
 from zephon.operators.fetch import Fetch
-from zephon.operators.fused import TokenizeSplitPack
+from zephon.operators.map import Map
 from zephon.operators.pack import Pack
 from zephon.operators.split import Split
 from zephon.operators.tokenize import Tokenize
 from zephon.records import Contributor, Record
-from zephon.runners.chain import ChainRunner, expand
+from zephon.runners.chain import ChainRunner
+from zephon.stages.read import ReadChunks
+from zephon.stages.split_pack import SplitPack
 from zephon.testing import assert_resumes_exactly, batches_equal, take
 
 DOCS_A = [("ab" * ((i * 7919) % 700)) + f" a{i}" for i in range(500)]
 DOCS_B = [("xyz " * ((i * 104729) % 300)) + f" b{i}" for i in range(400)]
 
 
+def _keep(data: Any) -> Any:
+    return data
+
+
 def _build(
-    seed: int, max_len: int, seq_len: int, k: int, chunk: int, prefetch: int = 0, docs: int = 500
+    seed: int,
+    max_len: int,
+    seq_len: int,
+    k: int,
+    chunk: int,
+    prefetch: int = 0,
+    docs: int = 500,
+    fused: bool = True,
 ) -> Any:
+    """The LM chain; with ``fused=False`` an identity map between split and pack keeps the
+    three operators apart (the plan fuses only what follows each other as built)."""
     src = zp.StaticMixtureWorkSource(
         [zp.ArraySource(DOCS_A[:docs]), zp.ArraySource(DOCS_B[:docs])],
         weights=[0.6, 0.4],
@@ -37,20 +53,25 @@ def _build(
         chunk_size=chunk,
         num_epochs=1,
     )
-    return (
+    pipe = (
         zp.Pipeline(src, canonical_replicas=3, flush_every_k_chunks=k, prefetch=prefetch)
         .fetch()
         .tokenize(zp.ByteTokenizer())
         .split(max_len=max_len)
-        .pack(seq_len=seq_len, num_bins=4)
-        .batch(3)
     )
+    if not fused:
+        pipe = pipe.map(_keep)
+    return pipe.pack(seq_len=seq_len, num_bins=4).batch(3)
 
 
-def _run(build: Any, fuse: bool, monkeypatch: pytest.MonkeyPatch, n: int) -> tuple[list, dict]:
-    monkeypatch.setattr(chain, "FUSE", fuse)
-    with build() as p:
-        return take(p, n), p.stats()
+def _counts(stats: dict) -> list[tuple[str, int, int]]:
+    return [(o["name"], o["records_in"], o["records_out"]) for o in stats["operators"]]
+
+
+def _run(fused: bool, n: int, **kw: Any) -> tuple[list, list]:
+    with _build(fused=fused, **kw) as p:
+        assert ("tokenize+split+pack@p1" in p.explain()) == fused
+        return take(p, n), [c for c in _counts(p.stats()) if c[0] != "map"]
 
 
 @pytest.mark.parametrize(
@@ -58,49 +79,51 @@ def _run(build: Any, fuse: bool, monkeypatch: pytest.MonkeyPatch, n: int) -> tup
     [(0, 256, 256, 2, 16), (1, 100, 256, 1, 7), (2, 2048, 2048, 4, 64), (3, 1, 8, 3, 5)],
 )
 def test_fused_stage_gives_the_operators_batches_and_counts(
-    monkeypatch: pytest.MonkeyPatch, seed: int, max_len: int, seq_len: int, k: int, chunk: int
+    seed: int, max_len: int, seq_len: int, k: int, chunk: int
 ) -> None:
-    def build() -> Any:
-        return _build(seed, max_len, seq_len, k, chunk)
-
-    plain, plain_stats = _run(build, False, monkeypatch, 80)
-    fused, fused_stats = _run(build, True, monkeypatch, 80)
+    kw = dict(seed=seed, max_len=max_len, seq_len=seq_len, k=k, chunk=chunk)
+    plain, plain_counts = _run(False, 80, **kw)
+    fused, fused_counts = _run(True, 80, **kw)
     assert len(plain) == len(fused) > 10
     assert all(batches_equal(a, b) for a, b in zip(plain, fused, strict=True))
-
-    def counts(stats: dict) -> list[tuple[str, int, int]]:
-        return [(o["name"], o["records_in"], o["records_out"]) for o in stats["operators"]]
-
-    assert counts(fused_stats) == counts(plain_stats)
+    assert fused_counts == plain_counts
 
 
 def test_fused_pipeline_resumes_exactly() -> None:
     assert_resumes_exactly(lambda: _build(5, 300, 512, 2, 9, docs=40))
 
 
-def test_the_runner_fuses_only_the_built_in_chain_on_tokens(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(chain, "FUSE", True)
+def _plan(ops: list[Any]) -> Any:
+    return compile_plan(ops, flush_every_k_chunks=None, workers=0, prefetch=0, chunk_size=8)
+
+
+def _step_names(ops: list[Any]) -> list[str]:
+    return [step.name for step in _plan(ops).build(_plan(ops).ops)[1]]
+
+
+def test_the_plan_fuses_only_the_built_in_chain_on_tokens() -> None:
     tok, split, pack = Tokenize(zp.ByteTokenizer()), Split(64), Pack(64)
-    fused = ChainRunner([Fetch(), tok, split, pack])
-    assert [type(op) for op, _ in fused._steps] == [Fetch, TokenizeSplitPack]
-    apart = ChainRunner([Fetch(), tok, Split(64, feature="ids"), pack])
-    assert TokenizeSplitPack not in [type(op) for op, _ in apart._steps]
-    threaded = ChainRunner([tok_par := Tokenize(zp.ByteTokenizer(), parallelism=2), split, pack])
-    assert tok_par.parallelism == 2
-    assert len(threaded._steps) == 1  # no pool: nothing to give up
-    from concurrent.futures import ThreadPoolExecutor
+    assert _step_names([Fetch(), tok, split, pack]) == ["tokenize+split+pack", "pack_replay_filter"]
+    assert _step_names([Fetch(), split, pack]) == ["split+pack", "pack_replay_filter"]
+    apart = _step_names([Fetch(), tok, Split(64, feature="ids"), pack])
+    assert apart == ["tokenize", "split", "pack", "pack_replay_filter"]
+    between = _step_names([Fetch(), tok, split, Map(_keep), pack])
+    assert between == ["tokenize", "split", "map", "pack", "pack_replay_filter"]
+    # A tokenize that asks for threads keeps them (then there is a pool): split and pack fuse.
+    tok_par = Tokenize(zp.ByteTokenizer(), parallelism=2)
+    assert _step_names([Fetch(), tok_par, split, pack]) == [
+        "tokenize",
+        "split+pack",
+        "pack_replay_filter",
+    ]
+    # The head reads with a leading fetch on one thread; fetch on threads is a step.
+    assert _plan([Fetch(), tok, split, pack]).reads
+    assert _step_names([Fetch(parallelism=2), tok, split, pack])[0] == "fetch"
 
-    with ThreadPoolExecutor(2) as pool:
-        assert len(ChainRunner([tok_par, split, pack], pool)._steps) == 3
 
-
-def _stage(max_len: int = 4, seq_len: int = 8) -> tuple[TokenizeSplitPack, tuple[OpStats, ...]]:
-    stats = (OpStats(), OpStats(), OpStats())
-    return TokenizeSplitPack(
-        Tokenize(zp.ByteTokenizer(add_eos=False)), Split(max_len), Pack(seq_len, 2), stats
-    ), stats
+def _stage(max_len: int = 4, seq_len: int = 8) -> tuple[SplitPack, list[OpStats]]:
+    stage = SplitPack(Tokenize(zp.ByteTokenizer(add_eos=False)), Split(max_len), Pack(seq_len, 2))
+    return stage, stage.counters
 
 
 def _sample(text: str, offset: int, contributors: list[Contributor] | None = None) -> Record:
@@ -155,21 +178,26 @@ class _Rows:
         return [f"row{i}" for i in indices]
 
 
-def test_fetch_expanding_a_chunk_equals_expand_then_fetch() -> None:
-    from zephon.operators.base import PipelineContext
-
+def test_the_head_reading_a_chunk_equals_pointers_then_fetch() -> None:
     a, b = _Rows(50), zp.ArraySource([f"b{i}" for i in range(50)])
     fetch = Fetch()
     fetch.bind(PipelineContext(datasets=[a, b]))
     chunk = WorkChunk(
         2, 7, np.array([0, 1, 1, 0, 1], np.int32), np.array([4, 9, 3, 40, 0], np.int64), 0
     )
-    got = fetch.expand_chunk(chunk)
-    want = fetch.process_batch(expand(chunk))
+    got, rest = ReadChunks(fetch).read(chunk).take(10)
+    pointers, _ = ReadChunks(None).read(chunk).take(10)
+    want = fetch.process_batch(pointers)
+    assert rest is None
     assert [r.data for r in got] == [r.data for r in want] == ["row4", "b9", "b3", "row40", "b0"]
     assert [r.contributors for r in got] == [r.contributors for r in want]
     assert [r.mix for r in got] == [r.mix for r in want] and {r.lane for r in got} == {2}
     assert a.reads[-1] == [4, 40]  # one read per component, in chunk order
+    first, rest = ReadChunks(fetch).read(chunk).take(2)  # taken in steps: the same records
+    assert rest is not None and len(rest) == 3
+    second, none = rest.take(5)
+    assert none is None and [r.data for r in first + second] == [r.data for r in got]
+    assert [r.contributors for r in first + second] == [r.contributors for r in got]
 
 
 def test_a_batch_that_fails_to_stack_is_an_error_at_next_and_is_not_delivered() -> None:
@@ -198,11 +226,10 @@ def test_prefetching_pipeline_stacks_ahead_and_matches_an_unprefetched_one() -> 
     assert all(batches_equal(a, b) for a, b in zip(plain, ahead, strict=True))
 
 
-def _lane_units(pipe: zp.Pipeline, lane: int, n: int) -> tuple[list[Any], list[list[Any]]]:
-    """Fresh copies of ``pipe``'s compiled operators and ``lane``'s first ``n`` feed units."""
-    plan = pipe._compiled()
+def _lane_units(pipe: zp.Pipeline, lane: int, n: int) -> tuple[Any, list[list[Any]]]:
+    """``pipe``'s plan and ``lane``'s first ``n`` feed units."""
     src = pipe.source.for_lane(lane, pipe.canonical_replicas)
-    return [op.fresh() for op in plan.ops], [[src.next_chunk()] for _ in range(n)]
+    return pipe._compiled(), [[src.next_chunk()] for _ in range(n)]
 
 
 def _outputs(outs: list[Any]) -> list[tuple[Any, ...]]:
@@ -214,11 +241,10 @@ def _outputs(outs: list[Any]) -> list[tuple[Any, ...]]:
 
 def test_a_lane_s_first_feed_stops_at_its_first_output_and_resumes_to_the_same_outputs() -> None:
     with _build(5, 256, 256, 2, 64) as p:
-        ops, units = _lane_units(p, 0, 3)
-        plain_ops, _ = _lane_units(p, 0, 0)
-    plain = ChainRunner(plain_ops)
+        plan, units = _lane_units(p, 0, 3)
+    plain = ChainRunner(plan)
     want = [o for unit in units for o in plain.feed(unit)]
-    runner = ChainRunner(ops)
+    runner = ChainRunner(plan)
     got = runner.feed(units[0], first=True)
     assert got and got[-1].record is not None  # stopped at the lane's first batch ...
     assert runner.suspended(0) and not runner.suspended(1)
@@ -234,17 +260,3 @@ def test_a_lane_s_first_feed_stops_at_its_first_output_and_resumes_to_the_same_o
         for a, b in zip(got, want, strict=True)
         if a.record is not None
     )
-
-
-def test_a_restored_lane_replays_only_up_to_the_samples_of_its_first_batch() -> None:
-    with _build(6, 256, 256, 2, 64) as p:
-        take(p, 25)
-        state = p.checkpoint()
-        expected = take(p, 6)
-    with _build(6, 256, 256, 2, 64) as q:
-        q.restore(state)
-        first = next(q)
-        fetch, tokenize = q.stats()["operators"][:2]
-        # The lane's last chunk was read whole; the samples after the first batch's wait.
-        assert tokenize["records_in"] < fetch["records_in"]
-        assert all(batches_equal(a, b) for a, b in zip(expected, [first, *take(q, 5)], strict=True))

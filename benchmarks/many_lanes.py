@@ -1,0 +1,106 @@
+"""One rank owning many lanes (an elastic shrink onto few hosts), against 8 lanes.
+
+The LM workload in process, one rank owning L lanes. A lane's first batch costs more (its
+work source and bins start), and a rank of L lanes reaches every lane once per L batches,
+so this reports both: the time for the first L batches (every lane's first), and the
+steady state after it (batches/s and CPU per batch, over ``--batches`` more). Then the
+resident memory, and ``checkpoint()`` twice: right after a round in which every lane moved,
+and after 100 more batches (100 lanes moved; a lane's state is rebuilt only when it moved).
+Each L runs in its own process, so memory figures are its own.
+
+    python -m benchmarks.many_lanes [--quick] [--lanes 8,4096] [--batches N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from typing import Any
+
+from benchmarks.common import print_table, write_results
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def measure(lanes: int, batches: int, docs: int) -> dict[str, Any]:
+    """One configuration, in this process."""
+    from benchmarks.workload import SyntheticDocs, pregenerate
+    from benchmarks.zephon_lm import zephon_lm_pipeline
+
+    corpus = pregenerate(SyntheticDocs(docs, seed=0))
+    base_mb = _rss_mb()
+    pipe = zephon_lm_pipeline(corpus, 0, 0, lanes=lanes, prefetch=0)
+    t0, c0 = time.perf_counter(), time.process_time()
+    for _ in range(lanes):
+        next(pipe)
+    t1, c1 = time.perf_counter(), time.process_time()
+    for _ in range(batches):
+        next(pipe)
+    t2, c2 = time.perf_counter(), time.process_time()
+    a = time.perf_counter()
+    pipe.checkpoint()
+    after_round_ms = (time.perf_counter() - a) * 1e3
+    for _ in range(100):
+        next(pipe)
+    a = time.perf_counter()
+    pipe.checkpoint()
+    after_100_ms = (time.perf_counter() - a) * 1e3
+    row = {
+        "lanes": lanes,
+        "first round s": round(t1 - t0, 2),
+        "first round ms/batch": round((t1 - t0) / lanes * 1e3, 2),
+        "steady batches/s": round(batches / (t2 - t1), 1),
+        "steady CPU us/batch": round((c2 - c1) / batches * 1e6),
+        "RSS MB": round(_rss_mb()),
+        "RSS over corpus MB": round(_rss_mb() - base_mb),
+        "peak RSS MB": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+        "checkpoint ms (every lane moved)": round(after_round_ms, 1),
+        "checkpoint ms (100 lanes moved)": round(after_100_ms, 1),
+        "first-round CPU us/batch": round((c1 - c0) / lanes * 1e6),
+    }
+    pipe.close()
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--quick", action="store_true", help="tiny sizes (CI)")
+    ap.add_argument("--lanes", default="8,4096")
+    ap.add_argument("--batches", type=int, default=3000)
+    ap.add_argument("--docs", type=int, default=20000)
+    ap.add_argument("--results", default="bench_results")
+    ap.add_argument("--one", type=int, help=argparse.SUPPRESS)  # child: one L, JSON out
+    args = ap.parse_args(argv)
+    if args.one is not None:
+        print(json.dumps(measure(args.one, args.batches, args.docs)))
+        return 0
+    if args.quick:
+        args.lanes, args.batches, args.docs = "8,128", 50, 1500
+    rows = []
+    for lanes in (int(x) for x in args.lanes.split(",")):
+        cmd = [sys.executable, "-m", "benchmarks.many_lanes", "--one", str(lanes)]
+        cmd += ["--batches", str(args.batches), "--docs", str(args.docs)]
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+        rows.append(json.loads(out.strip().splitlines()[-1]))
+    base = rows[0]["steady CPU us/batch"]
+    for row in rows:
+        row["steady CPU vs first row"] = round(row["steady CPU us/batch"] / base, 2)
+    print_table(rows, list(rows[0]), title="One rank owning many lanes (LM workload, in process)")
+    write_results("many_lanes", rows, args.results, extra={"args": vars(args)})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

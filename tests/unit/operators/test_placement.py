@@ -1,0 +1,121 @@
+"""The one placement function (zephon.operators.placement): its C and Python versions are
+the same function, and it does what first fit and best fit say."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from zephon.operators import placement
+from zephon.operators.placement import STRATEGIES, place
+
+
+def _python(strategy: str, fill, segments, lengths, cap: int, max_segments: int = 0):
+    fill, segments = np.array(fill, np.int64), np.array(segments, np.int64)
+    n = len(lengths)
+    target, evict, full = (np.empty(n, np.int32), np.empty(n, np.int32), np.empty(n, np.uint8))
+    instance, emitted, opened = (
+        np.empty(n, np.int64), np.empty(2 * n, np.int64), np.empty(len(fill), np.int64),
+    )  # fmt: skip
+    count = placement._place(
+        STRATEGIES.index(strategy), fill, segments, np.array(lengths, np.int64), cap,
+        max_segments, target, evict, full, instance, emitted, opened,
+    )  # fmt: skip
+    return (
+        target.tolist(), evict.tolist(), full.astype(bool).tolist(), fill.tolist(),
+        instance.tolist(), emitted[:count].tolist(), opened.tolist(),
+    )  # fmt: skip
+
+
+def _placed(strategy: str, fill, segments, lengths, cap: int, max_segments: int = 0):
+    fill, segments = np.array(fill, np.int64), np.array(segments, np.int64)
+    got = place(strategy, fill, segments, np.array(lengths, np.int64), cap, max_segments)
+    return (
+        got.target.tolist(), got.evict.tolist(), got.full.tolist(), fill.tolist(),
+        got.instance.tolist(), got.emitted.tolist(), got.opened.tolist(),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("how", [_python, _placed], ids=["python", "selected"])
+def test_first_fit_takes_the_lowest_bin_with_room_and_empties_the_fullest_when_none(how) -> None:
+    # Bins of 10 holding 6 and 3: a 4 fits bin 0 (fills it: emptied), a 5 then fits the
+    # empty bin 0 first, a 9 fits nowhere (5 and 3): bin 0, the fullest, is emptied and
+    # the 9 starts it.
+    target, evict, full, fill, instance, emitted, opened = how(
+        "first_fit", [6, 3], [1, 1], [4, 5, 9], 10
+    )
+    assert target == [0, 0, 0] and evict == [-1, -1, 0] and full == [True, False, False]
+    assert fill == [9, 3]
+    # Instances: s * bins + b. The 4 joins what bin 0 held (0), which empties; the 5 starts
+    # its second filling (2), emptied before the 9, which starts the third (4).
+    assert instance == [0, 2, 4] and emitted == [0, 2] and opened == [2, 0]
+
+
+@pytest.mark.parametrize("how", [_python, _placed], ids=["python", "selected"])
+def test_best_fit_takes_the_bin_with_the_least_room_that_fits(how) -> None:
+    # Bins of 10 holding 2, 7 and 5: a 3 goes to bin 1 (7: least room that fits), a 2 to
+    # bin 2 (5 + 2 beats 2 + 2), ties go to the lowest bin.
+    target, evict, _, fill, *_ = how("best_fit", [2, 7, 5, 5], [1, 1, 1, 1], [3, 2, 1], 10)
+    assert target == [1, 2, 2] and evict == [-1, -1, -1] and fill == [2, 0, 8, 5]
+
+
+@pytest.mark.parametrize("how", [_python, _placed], ids=["python", "selected"])
+def test_max_segments_empties_a_bin_at_that_many_pieces(how) -> None:
+    target, _, full, fill, instance, emitted, opened = how(
+        "first_fit", [0, 0], [0, 0], [1, 1, 1, 1], 10, max_segments=2
+    )
+    assert target == [0, 0, 0, 0] and full == [False, True, False, True] and fill == [0, 0]
+    assert instance == [0, 0, 2, 2] and emitted == [0, 2] and opened == [2, 0]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    strategy=st.sampled_from(STRATEGIES),
+    cap=st.integers(1, 40),
+    bins=st.integers(1, 6),
+    data=st.data(),
+)
+def test_the_c_and_python_versions_agree(strategy: str, cap: int, bins: int, data) -> None:
+    if placement._NATIVE is None:
+        pytest.skip("zephon._pack is not built (or ZEPHON_PURE_PYTHON=1)")
+    lengths = data.draw(st.lists(st.integers(0, cap), max_size=60))
+    fill = data.draw(st.lists(st.integers(0, cap - 1), min_size=bins, max_size=bins))
+    segments = [1 if f else 0 for f in fill]
+    max_segments = data.draw(st.integers(0, 4))
+    assert _placed(strategy, fill, segments, lengths, cap, max_segments) == _python(
+        strategy, fill, segments, lengths, cap, max_segments
+    )
+
+
+@pytest.mark.parametrize("how", [_python, _placed], ids=["python", "selected"])
+def test_a_piece_longer_than_cap_is_refused(how) -> None:
+    with pytest.raises(ValueError, match=r"piece 1 has length 11, outside \[0, cap=10\]"):
+        how("first_fit", [0], [0], [3, 11], 10)
+
+
+def test_the_c_version_checks_its_buffers() -> None:
+    native = placement._NATIVE
+    if native is None:
+        pytest.skip("zephon._pack is not built (or ZEPHON_PURE_PYTHON=1)")
+    z8, z4, z1 = np.zeros(2, np.int64), np.zeros(3, np.int32), np.zeros(3, np.uint8)
+    lengths = np.ones(3, np.int64)
+    inst, emit = np.zeros(3, np.int64), np.zeros(6, np.int64)
+
+    def call(strategy=0, fill=z8, target=z4, emitted=emit, opened=z8):
+        native.place_into(
+            strategy, fill, fill.copy(), lengths, 4, 0, target, z4.copy(), z1, inst, emitted,
+            opened.copy(),
+        )  # fmt: skip
+
+    with pytest.raises(ValueError, match="strategy must be 0"):
+        call(strategy=7)
+    with pytest.raises(ValueError, match="one item per piece"):
+        call(target=z4[:2])
+    with pytest.raises(ValueError, match="must be a buffer of 8-byte items"):
+        call(fill=z4)
+    with pytest.raises(ValueError, match="2 items per piece and opened one per bin"):
+        call(emitted=emit[:5])
+    with pytest.raises(ValueError, match="2 items per piece and opened one per bin"):
+        call(opened=np.zeros(3, np.int64))
