@@ -19,6 +19,7 @@ import msgpack
 import numpy as np
 
 from zephon._fingerprint import describe_differences, fingerprint_parts
+from zephon.checkpoint.share import Share
 from zephon.compile import Plan, compile_plan, explain
 from zephon.engine import Engine, LocalExecutor, closed_error
 from zephon.errors import CheckpointError
@@ -514,6 +515,12 @@ class Pipeline:
         planned = self._check_fingerprint(state, allow_mixture_change)
         by_lane, next_lanes, saved_dp_size = _checked_layout(state)
         missing = [lane for lane in self.lanes if lane not in by_lane]
+        if missing and isinstance(state, Share):
+            # A follower's share of a round, restored on lanes it does not hold: the whole
+            # merged state is still in the round's store.
+            state = state.merged()
+            by_lane, next_lanes, saved_dp_size = _checked_layout(state)
+            missing = [lane for lane in self.lanes if lane not in by_lane]
         if missing and isinstance(state.get("share"), dict):
             share = state["share"]
             raise CheckpointError(

@@ -112,16 +112,24 @@ def save(path: str | os.PathLike[str], state: dict[str, Any], *, level: int = 3)
 
     A crash at any point leaves either the old file or the new one at ``path``.
 
+    A follower's share of a checkpoint round (:class:`zephon.checkpoint.share.Share`, what
+    ``Pipeline.checkpoint()`` returns on every rank but 0) is saved as the whole merged
+    state it is a share of, read from the round's store, so the file restores on any rank
+    and any world size.
+
     Returns:
         The number of bytes written.
 
     Raises:
-        CheckpointError: ``state`` cannot be serialised (see :func:`dumps`); nothing is written.
+        CheckpointError: ``state`` cannot be serialised (see :func:`dumps`), or it is a
+            share whose merged state the store no longer holds; nothing is written.
         OSError: the file cannot be written (a full disk, no permission, a file where a
             directory must be); ``path`` is untouched, no temp file remains, and the error
             names ``path`` (as its ``filename``).
     """
-    return atomic_write_bytes(path, dumps(state, level=level), make_parents=True)
+    from zephon.checkpoint.share import complete
+
+    return atomic_write_bytes(path, dumps(complete(state), level=level), make_parents=True)
 
 
 _SCALAR_TYPES = frozenset({str, bytes, float, bool, type(None)})

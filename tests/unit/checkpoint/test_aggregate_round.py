@@ -277,9 +277,11 @@ def test_previous_merged_is_kept_until_the_next_round_is_acknowledged(roots):
     run_ranks(aggs, [make_state(r, n, 1) for r in range(n)])
     first = decisions(roots.files(root))
     assert len(first) == 1
-    # Between rounds only the "round closed" marker (the commit), the fence key and the
-    # leader's liveness key (held until close()) stay.
-    assert sorted(roots.files(root)) == sorted([*first, KEYS.gen, KEYS.leader])
+    rid1 = first[0].removeprefix(KEYS.decisions)
+    # Between rounds only the "round closed" marker (the commit), the merged lanes left for
+    # the followers' shares, the fence key and the leader's liveness key (held until
+    # close()) stay.
+    assert sorted(roots.files(root)) == sorted([*first, KEYS.merged(rid1), KEYS.gen, KEYS.leader])
 
     run_ranks(aggs, [make_state(r, n, 2) for r in range(n)])
     # While round 2 was merging, round 1's commit was still there...
@@ -287,8 +289,42 @@ def test_previous_merged_is_kept_until_the_next_round_is_acknowledged(roots):
     # ...and once round 2 was acknowledged by everyone, it was gone.
     second = decisions(roots.files(root))
     assert len(second) == 1 and second != first
+    assert KEYS.merged(rid1) not in roots.files(root)
     close_all(aggs)
     assert roots.files(root) == []
+
+
+def test_a_followers_share_saves_and_restores_as_the_merged_state(local, tmp_path):
+    """A follower's result is its share (own lanes); ``zp.save`` of it writes the whole
+    merged state, read from what the leader left in the store, until the next round is
+    acknowledged; after that (or the leader's close()) saving it says why it cannot."""
+    import zephon as zp
+    from zephon.checkpoint.share import Share
+    from zephon.errors import CheckpointError
+
+    root = local.new()
+    n = 4
+    aggs = make_aggs(local, root, n)
+    states = [make_state(r, n, 1) for r in range(n)]
+    out = [res for res, _ in run_ranks(aggs, states)]
+    merged = out[0]
+    share = out[2]
+    assert isinstance(share, Share) and not isinstance(merged, Share)
+    assert [ls["lane"] for ls in share["lanes"]] == lanes_of(2, n)
+    round_bytes = aggs[2].last_round.bytes_read
+    assert share.merged() == merged
+    assert zp.save(tmp_path / "r2.zph", share) > 0
+    assert zp.load(tmp_path / "r2.zph") == merged
+    # A plain copy is the share alone: saved as it is.
+    zp.save(tmp_path / "plain.zph", dict(share))
+    assert zp.load(tmp_path / "plain.zph") == dict(share)
+    # The round itself read no other rank's lanes; only saving the share did.
+    assert round_bytes < 2_000, round_bytes
+    run_ranks(aggs, [make_state(r, n, 2) for r in range(n)])
+    with pytest.raises(CheckpointError, match=r"\[rank=2\] the merged state of round .* no longer"):
+        zp.save(tmp_path / "late.zph", share)
+    assert not (tmp_path / "late.zph").exists()
+    close_all(aggs)
 
 
 class _DropAcks:

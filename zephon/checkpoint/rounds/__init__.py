@@ -22,8 +22,9 @@ Leader::
     merge; create("c.d.<id>", commit manifest, fence)
                                           the commit: the merged state's header (no lanes)
                                           and one 8-byte digest per rank's state record
+    put("m.<id>", merged lanes)           for the followers' shares (read only on demand)
     wait until every "s.<id>.r" is gone (a follower's acknowledgement)
-    delete the previous round's commit; compact the store's history (etcd)
+    delete the previous round's commit and merged lanes; compact the store's history (etcd)
 
 Follower r::
 
@@ -37,9 +38,14 @@ Follower r::
 returns its *share*: the merged state's header (format, fingerprint, topology, the
 round-robin positions of every DP group: everything but the lanes) with its own lanes,
 which the leader checked are the lanes it merged, and a ``"share"`` entry naming the round.
-So a follower reads a manifest of O(W) small entries, never the other ranks' lanes, and
-the merged state never travels through the store: on the wire a round is the ranks'
-states going to the leader and one commit manifest coming back.
+So a follower reads a manifest of O(W) small entries, never the other ranks' lanes: on
+the wire a round is the ranks' states going to the leader and one commit manifest coming
+back. The share is a :class:`zephon.checkpoint.share.Share` (a ``dict``) that can still
+become the whole merged state: the leader leaves the merged lanes under ``m.<id>`` until
+the next round is acknowledged (or close()), and ``zephon.save`` of a share, or a
+``restore`` of it on lanes it does not hold, reads them from there. So a follower's result
+saves and restores on any rank and any world size, as before; only a rank that saves it
+pays for reading every lane.
 
 **One decision per round.** ``c.d.<id>`` is written with ``create`` (only if absent): by
 the leader's commit, or by anyone's abort notice (the leader's failure notice; a follower
@@ -77,9 +83,9 @@ followers that have not read it.
 """
 
 from zephon.checkpoint.rounds.context import RoundStats
-from zephon.checkpoint.rounds.follower import SHARE_KEY
 from zephon.checkpoint.rounds.job import DEFAULT_JOB_ID, resolve_job_id
 from zephon.checkpoint.rounds.keys import LEADER_RANK, Announcement, Keys
+from zephon.checkpoint.share import SHARE_KEY
 
 __all__ = [
     "DEFAULT_JOB_ID",

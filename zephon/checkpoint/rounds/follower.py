@@ -9,19 +9,19 @@ from zephon.checkpoint.rounds.context import Decision, RoundContext, RoundStats,
 from zephon.checkpoint.rounds.keys import (
     DIGEST_BYTES,
     LEADER_RANK,
+    MERGED,
     STATE,
     Announcement,
+    decode,
     digest,
     encode,
 )
 from zephon.checkpoint.rounds.leader import _stats
 from zephon.checkpoint.rounds.wait import ControlView, Deadline
+from zephon.checkpoint.share import SHARE_KEY, Share
 from zephon.errors import AggregationError, CheckpointError
 
 __all__ = ["Follower", "SHARE_KEY"]
-
-#: the key of a follower's result that says it is one rank's share of a merged state
-SHARE_KEY = "share"
 #: without pushes, how often (at least; four poll intervals at large world sizes, at most a
 #: quarter of the lease TTL) a waiting follower also reads the generation and the leader's
 #: liveness key, and the announcement when the generation moved on (the decision key it
@@ -361,14 +361,72 @@ class Follower:
             raise AggregationError(f"{ctx.p} the commit of round {rid} has no header")
         out = dict(header)
         out["lanes"] = sorted(state["lanes"], key=lambda ls: ls["lane"])
+        lanes_total = int(rec.get("lanes_total", 0))
         out[SHARE_KEY] = {
             "rank": ctx.rank,
             "world_size": ctx.world_size,
             "round_id": rid,
             "job_id": ctx.job_id,
-            "lanes_total": int(rec.get("lanes_total", 0)),
+            "lanes_total": lanes_total,
         }
-        return out
+        own = out["lanes"]
+
+        def fetch() -> dict[str, Any]:
+            return {**header, "lanes": self._merged_lanes(rid, lanes_total, own)}
+
+        return Share(out, fetch)
+
+    def _merged_lanes(self, rid: str, lanes_total: int, own: list[Any]) -> list[Any]:
+        """Every lane of round ``rid``, from what the leader left for the shares (waiting,
+        within one round budget, for the leader to write it after its commit)."""
+        ctx, keys = self.ctx, self.ctx.keys
+        what = f"{ctx.p} the merged state of round {rid} (this rank's share of it was asked"
+        deadline = Deadline(ctx.timeout_s)
+        delay = float(ctx.store.poll_interval_s)
+        try:
+            while True:
+                blob = ctx.store.get(keys.merged(rid))
+                if blob is not None:
+                    break
+                if ctx.store.get(keys.decision(rid)) is None:
+                    raise CheckpointError(
+                        f"{what} for every lane) is no longer in {ctx.where}: a later round"
+                        " was acknowledged, or the pipeline closed. Save a follower's"
+                        " checkpoint() result before the next checkpoint(), or save rank 0's"
+                    )
+                if deadline.remaining() <= 0:
+                    raise CheckpointError(
+                        f"{what} for every lane) did not appear in {ctx.where} within"
+                        f" {ctx.timeout_s:g} s; the leader (rank {LEADER_RANK}) logs why"
+                    )
+                time.sleep(min(delay, max(deadline.remaining(), 0.0)))
+                delay = min(delay * 2, 0.5)
+        except CheckpointError:
+            raise
+        except Exception as e:
+            raise CheckpointError(
+                f"{what} for every lane) could not be read from {ctx.where}:"
+                f" {type(e).__name__}: {e}"
+            ) from e
+        rec = decode(blob, MERGED)
+        lanes = rec.get("lanes") if rec is not None else None
+        if (
+            rec is None
+            or (rec.get("round_id"), rec.get("job_id"), rec.get("fingerprint"))
+            != (rid, ctx.job_id, ctx.fingerprint)
+            or not isinstance(lanes, list)
+            or len(lanes) != lanes_total
+        ):
+            raise CheckpointError(
+                f"{what} for every lane) in {keys.merged(rid)} in {ctx.where} is not this"
+                f" round's merged lanes of {ctx.who()}"
+            )
+        by_lane = {ls.get("lane"): ls for ls in lanes if isinstance(ls, dict)}
+        if any(by_lane.get(ls["lane"]) != ls for ls in own):
+            raise CheckpointError(
+                f"{what} for every lane) in {ctx.where} differs from this rank's own lanes"
+            )
+        return lanes
 
     def _ended_without_decision(self, joined: _Joined, state: dict[str, Any]) -> dict[str, Any]:
         """The generation key vanished and no decision came: a rank that could not write

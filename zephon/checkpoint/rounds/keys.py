@@ -15,6 +15,10 @@ Every key of a round sits under one prefix per (job, pipeline)::
     P s.<round id>.<rank>                  a follower's state record; the follower deletes
                                            it once it has read the commit, and that
                                            deletion is its acknowledgement
+    P m.<round id>                         the merged lanes (the leader writes them after
+                                           the commit; nobody reads them in the round): what
+                                           a follower's share reads when it is saved or
+                                           restored elsewhere; deleted with the commit
     P x.<rank>                             a probe: "can this rank write at all?"
 
 Followers watch (or poll) only ``P c.``: the control keys are small, and the one large
@@ -45,6 +49,7 @@ __all__ = [
     "COMMIT",
     "DIGEST_BYTES",
     "LEADER_RANK",
+    "MERGED",
     "STATE",
     "Announcement",
     "Keys",
@@ -60,6 +65,7 @@ ANNOUNCE = f"{_KIND}/announce"
 STATE = f"{_KIND}/state"
 COMMIT = f"{_KIND}/commit"
 ABORT = f"{_KIND}/abort"
+MERGED = f"{_KIND}/merged"
 
 
 def job_hash(job_id: str) -> str:
@@ -82,6 +88,9 @@ class Keys:
 
     def decision(self, rid: str) -> str:
         return f"{self.decisions}{rid}"
+
+    def merged(self, rid: str) -> str:
+        return f"{self.prefix}m.{rid}"
 
     def states(self, rid: str) -> str:
         return f"{self.prefix}s.{rid}."

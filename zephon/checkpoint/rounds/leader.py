@@ -14,6 +14,7 @@ from zephon.checkpoint.rounds.keys import (
     COMMIT,
     DIGEST_BYTES,
     LEADER_RANK,
+    MERGED,
     STATE,
     Announcement,
     Keys,
@@ -55,6 +56,7 @@ class Leader:
         self.replaced: set[tuple[str, int]] = set()  # earlier runs' rounds this one replaced
         self.announced: str | None = None  # the last round this leader announced
         self.deferred: list[str] = []  # commits to delete with the next announcement
+        self.merged_kept: list[str] = []  # merged lanes left for the followers' shares
         self._gen_seen = False  # this round's generation was read back at least once
         self.last: RoundStats | None = None
 
@@ -86,6 +88,7 @@ class Leader:
                         f"{ctx.p} round {rid} failed in {ctx.where}: {type(e).__name__}: {e}"
                     ) from e
                 raise
+            self._publish_merged(rid, merged)
             self._after_commit(rid, deadline)
             return merged
         finally:
@@ -179,6 +182,35 @@ class Leader:
         )
         return merged
 
+    def _publish_merged(self, rid: str, merged: dict[str, Any]) -> None:
+        """Leave the merged lanes in the store (``m.<rid>``) for the followers' shares
+        (:class:`zephon.checkpoint.share.Share`): nobody reads them in the round; a follower
+        that saves its share, or restores lanes it does not own, does. After the commit, so
+        the round does not wait for it; never fails the round (a share that cannot find
+        them says so when it is saved)."""
+        ctx, keys = self.ctx, self.ctx.keys
+        try:
+            blob = encode(
+                MERGED,
+                round_id=rid,
+                job_id=ctx.job_id,
+                fingerprint=ctx.fingerprint,
+                lanes=merged["lanes"],
+            )
+            ctx.store.put(keys.merged(rid), blob)
+        except Exception as e:  # noqa: BLE001
+            ctx.log.warning(
+                "%s round %s: could not leave the merged lanes in %s for the followers'"
+                " shares (saving a share will fail): %s: %s",
+                ctx.p,
+                rid,
+                ctx.where,
+                type(e).__name__,
+                e,
+            )
+            return
+        self.merged_kept.append(keys.merged(rid))
+
     def _after_commit(self, rid: str, deadline: Deadline) -> None:
         """Wait for the acks; then clean up. Nothing here fails the round: store errors
         only leave keys behind for close() or the next round."""
@@ -199,9 +231,14 @@ class Leader:
                 ctx.where,
             )
             return
-        # Every rank has read this round's commit, so none still needs an earlier one.
+        # Every rank has read this round's commit, so none still needs an earlier one (nor
+        # its merged lanes: a share of an earlier round cannot be saved any more).
         old_decisions = self.kept[:-1]
         self.kept = self.kept[-1:]
+        mine = ctx.keys.merged(rid)
+        for key in [k for k in self.merged_kept if k != mine]:
+            ctx.delete_quietly(key)
+        self.merged_kept = [k for k in self.merged_kept if k == mine]
         if callable(getattr(ctx.store, "announce_with", None)):
             # Deleted with the next announcement (or at close()): a write, and a pushed
             # event to every watching follower, fewer per round.
@@ -535,9 +572,10 @@ class Leader:
             self.lease = None
         keep = set() if self.failed is None else {self.failed, keys.round}
         mine = [keys.gen, keys.round] if self.announced is not None else []
-        for key in [*self.deferred, *self.kept, *mine]:
+        for key in [*self.deferred, *self.kept, *self.merged_kept, *mine]:
             if key not in keep:
                 ctx.delete_quietly(key)
+        self.merged_kept = []
         followers = [r for r in range(n) if r != LEADER_RANK]
         for rid in sorted(self.leftovers):
             ctx.delete_prefix_quietly(keys.states(rid), [keys.state(rid, r) for r in followers])
