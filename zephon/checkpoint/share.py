@@ -7,9 +7,10 @@ rank's own lanes and a ``"share"`` entry naming the round. It restores the rank 
 it as it is, and the round reads no other rank's lanes for it (the rounds' fan-out stays
 linear in the number of ranks).
 
-It also knows where the whole merged state is: the leader leaves the merged lanes in the
-store until the next round has been acknowledged (or the pipeline closes), and
-:meth:`Share.merged` reads them from there. :func:`zephon.save` and
+It also knows where the whole merged state is: the leader leaves every rank's state
+record of the round in the store until the next round has been acknowledged (or rank 0
+closes its pipeline), and :meth:`Share.merged` reads them from there, checks them against
+the round's commit and merges them as the leader did. :func:`zephon.save` and
 :meth:`zephon.Pipeline.restore` do that when they need every lane, so a follower's
 ``checkpoint()`` result saved with ``zp.save`` restores on any rank and any world size, as
 the merged state always did. Only a rank that saves (or restores other lanes) pays the

@@ -370,16 +370,19 @@ class Follower:
             "lanes_total": lanes_total,
         }
         own = out["lanes"]
+        digests = rec.get("digests")
 
         def fetch() -> dict[str, Any]:
-            return {**header, "lanes": self._merged_lanes(rid, lanes_total, own)}
+            return self._merged_state(rid, digests, own)
 
         return Share(out, fetch)
 
-    def _merged_lanes(self, rid: str, lanes_total: int, own: list[Any]) -> list[Any]:
-        """Every lane of round ``rid``, from what the leader left for the shares (waiting,
-        within one round budget, for the leader to write it after its commit)."""
-        ctx, keys = self.ctx, self.ctx.keys
+    def _merged_state(self, rid: str, digests: Any, own: list[Any]) -> dict[str, Any]:
+        """Round ``rid``'s whole merged state: every rank's state record, from what the
+        leader left for the shares (waiting, within one round budget, for the leader to
+        write it after its commit), each checked against the commit's digests, merged as
+        the leader merged them."""
+        ctx, keys, n = self.ctx, self.ctx.keys, self.ctx.world_size
         what = f"{ctx.p} the merged state of round {rid} (this rank's share of it was asked"
         deadline = Deadline(ctx.timeout_s)
         delay = float(ctx.store.poll_interval_s)
@@ -391,8 +394,9 @@ class Follower:
                 if ctx.store.get(keys.decision(rid)) is None:
                     raise CheckpointError(
                         f"{what} for every lane) is no longer in {ctx.where}: a later round"
-                        " was acknowledged, or the pipeline closed. Save a follower's"
-                        " checkpoint() result before the next checkpoint(), or save rank 0's"
+                        " was acknowledged, or rank 0 closed its pipeline. Save a follower's"
+                        " checkpoint() result before the next checkpoint() and before rank 0"
+                        " closes, or save rank 0's"
                     )
                 if deadline.remaining() <= 0:
                     raise CheckpointError(
@@ -409,24 +413,35 @@ class Follower:
                 f" {type(e).__name__}: {e}"
             ) from e
         rec = decode(blob, MERGED)
-        lanes = rec.get("lanes") if rec is not None else None
+        records = rec.get("records") if rec is not None else None
         if (
             rec is None
             or (rec.get("round_id"), rec.get("job_id"), rec.get("fingerprint"))
             != (rid, ctx.job_id, ctx.fingerprint)
-            or not isinstance(lanes, list)
-            or len(lanes) != lanes_total
+            or not isinstance(records, list)
+            or len(records) != n
+            or not isinstance(digests, bytes)
         ):
             raise CheckpointError(
-                f"{what} for every lane) in {keys.merged(rid)} in {ctx.where} is not this"
-                f" round's merged lanes of {ctx.who()}"
+                f"{what} for every lane) in {keys.merged(rid)} in {ctx.where} is not the"
+                f" state records of this round of {ctx.who()}"
             )
-        by_lane = {ls.get("lane"): ls for ls in lanes if isinstance(ls, dict)}
+        states = []
+        for r, record in enumerate(records):
+            st = decode(record, STATE) if isinstance(record, bytes) else None
+            if st is None or digest(record) != digests[r * DIGEST_BYTES : (r + 1) * DIGEST_BYTES]:
+                raise CheckpointError(
+                    f"{what} for every lane): rank {r}'s state record in {keys.merged(rid)}"
+                    f" in {ctx.where} is not the one the round's commit lists"
+                )
+            states.append(st["state"])
+        merged = ctx.merge(states)
+        by_lane = {ls.get("lane"): ls for ls in merged.get("lanes", []) if isinstance(ls, dict)}
         if any(by_lane.get(ls["lane"]) != ls for ls in own):
             raise CheckpointError(
-                f"{what} for every lane) in {ctx.where} differs from this rank's own lanes"
+                f"{what} for every lane) merged from {ctx.where} differs from this rank's own lanes"
             )
-        return lanes
+        return merged
 
     def _ended_without_decision(self, joined: _Joined, state: dict[str, Any]) -> dict[str, Any]:
         """The generation key vanished and no decision came: a rank that could not write

@@ -15,10 +15,11 @@ Every key of a round sits under one prefix per (job, pipeline)::
     P s.<round id>.<rank>                  a follower's state record; the follower deletes
                                            it once it has read the commit, and that
                                            deletion is its acknowledgement
-    P m.<round id>                         the merged lanes (the leader writes them after
-                                           the commit; nobody reads them in the round): what
-                                           a follower's share reads when it is saved or
-                                           restored elsewhere; deleted with the commit
+    P m.<round id>                         every rank's state record of the round (the
+                                           leader writes them after the commit; nobody reads
+                                           them in the round): what a follower's share reads
+                                           and merges when it is saved or restored
+                                           elsewhere; deleted with the commit
     P x.<rank>                             a probe: "can this rank write at all?"
 
 Followers watch (or poll) only ``P c.``: the control keys are small, and the one large

@@ -56,8 +56,9 @@ class Leader:
         self.replaced: set[tuple[str, int]] = set()  # earlier runs' rounds this one replaced
         self.announced: str | None = None  # the last round this leader announced
         self.deferred: list[str] = []  # commits to delete with the next announcement
-        self.merged_kept: list[str] = []  # merged lanes left for the followers' shares
+        self.merged_kept: list[str] = []  # state records left for the followers' shares
         self._gen_seen = False  # this round's generation was read back at least once
+        self._records: list[bytes] = []  # the state records of the round being run
         self.last: RoundStats | None = None
 
     # ------------------------------------------------------------------------- round
@@ -88,7 +89,7 @@ class Leader:
                         f"{ctx.p} round {rid} failed in {ctx.where}: {type(e).__name__}: {e}"
                     ) from e
                 raise
-            self._publish_merged(rid, merged)
+            self._publish_merged(rid)
             self._after_commit(rid, deadline)
             return merged
         finally:
@@ -124,7 +125,7 @@ class Leader:
             fence = ctx.store.announce(keys.gen, rid.encode())
             ctx.store.put(keys.round, ann.encode())
         ctx.log.debug("%s round %s announced (%d ranks, %s)", ctx.p, rid, n, ctx.who())
-        states, digests = self._collect(rid, state, own, deadline, watch)
+        states, digests, self._records = self._collect(rid, state, own, deadline, watch)
         t_collect = deadline.elapsed_ms()
         create_and_delete = getattr(ctx.store, "create_and_delete", None)
         if not callable(create_and_delete):
@@ -182,25 +183,29 @@ class Leader:
         )
         return merged
 
-    def _publish_merged(self, rid: str, merged: dict[str, Any]) -> None:
-        """Leave the merged lanes in the store (``m.<rid>``) for the followers' shares
-        (:class:`zephon.checkpoint.share.Share`): nobody reads them in the round; a follower
-        that saves its share, or restores lanes it does not own, does. After the commit, so
-        the round does not wait for it; never fails the round (a share that cannot find
-        them says so when it is saved)."""
+    def _publish_merged(self, rid: str) -> None:
+        """Leave what the merged state is made of in the store (``m.<rid>``: every rank's
+        state record as the leader received it, whose digests the commit lists) for the
+        followers' shares (:class:`zephon.checkpoint.share.Share`): nobody reads it in the
+        round; a follower that saves its share, or restores lanes it does not own, does,
+        and merges them as the leader did. The records are already encoded, so this costs
+        the leader one write, not an encoding of every lane. After the commit, so the round
+        does not wait for it; never fails the round (a share that cannot find it says so
+        when it is saved)."""
         ctx, keys = self.ctx, self.ctx.keys
+        records, self._records = self._records, []
         try:
             blob = encode(
                 MERGED,
                 round_id=rid,
                 job_id=ctx.job_id,
                 fingerprint=ctx.fingerprint,
-                lanes=merged["lanes"],
+                records=records,
             )
             ctx.store.put(keys.merged(rid), blob)
         except Exception as e:  # noqa: BLE001
             ctx.log.warning(
-                "%s round %s: could not leave the merged lanes in %s for the followers'"
+                "%s round %s: could not leave the round's state records in %s for the followers'"
                 " shares (saving a share will fail): %s: %s",
                 ctx.p,
                 rid,
@@ -232,7 +237,7 @@ class Leader:
             )
             return
         # Every rank has read this round's commit, so none still needs an earlier one (nor
-        # its merged lanes: a share of an earlier round cannot be saved any more).
+        # the records left for shares: a share of an earlier round cannot be saved any more).
         old_decisions = self.kept[:-1]
         self.kept = self.kept[-1:]
         mine = ctx.keys.merged(rid)
@@ -332,7 +337,7 @@ class Leader:
         own_blob: bytes,
         deadline: Deadline,
         watch: Any,
-    ) -> tuple[list[dict[str, Any]], list[bytes]]:
+    ) -> tuple[list[dict[str, Any]], list[bytes], list[bytes]]:
         ctx, keys, n = self.ctx, self.ctx.keys, self.ctx.world_size
         ref = own.get("topology") if isinstance(own, dict) else None
         if not isinstance(ref, dict):
@@ -342,8 +347,10 @@ class Leader:
         self._check_state(rid, LEADER_RANK, own, ref)
         states: list[Any] = [None] * n
         digests = [b"\x00" * DIGEST_BYTES] * n
+        records = [b""] * n
         states[LEADER_RANK] = own
         digests[LEADER_RANK] = digest(own_blob)
+        records[LEADER_RANK] = own_blob
         missing = {r for r in range(n) if r != LEADER_RANK}
         feed = PrefixFeed(ctx.store, watch, keys.states(rid), [keys.state(rid, r) for r in missing])
         view = ControlView(ctx.store, watch, deadline, n, LEADER_POLL_PER_RANK_S)
@@ -368,9 +375,10 @@ class Leader:
                 self._check_state(rid, r, rec.get("state"), ref)
                 states[r] = rec["state"]
                 digests[r] = digest(blob)
+                records[r] = blob
                 missing.discard(r)
             if not missing:
-                return states, digests
+                return states, digests, records
             self._check_not_ended(rid, view)
             if not view.sleep():
                 raise AggregationError(self._missing_message(rid, sorted(missing)))
