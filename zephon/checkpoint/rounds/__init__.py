@@ -22,9 +22,9 @@ Leader::
     merge; create("c.d.<id>", commit manifest, fence)
                                           the commit: the merged state's header (no lanes)
                                           and one 8-byte digest per rank's state record
-    put("m.<id>", the states' records)    for the followers' shares (read only on demand)
+    put("-m.<id>", the states' records)   for the followers' shares (read only on demand)
     wait until every "s.<id>.r" is gone (a follower's acknowledgement)
-    delete the previous round's commit and m.<id>; compact the store's history (etcd)
+    delete the previous round's commit and -m.<id>; compact the store's history (etcd)
 
 Follower r::
 
@@ -42,7 +42,7 @@ So a follower reads a manifest of O(W) small entries, never the other ranks' lan
 the wire a round is the ranks' states going to the leader and one commit manifest coming
 back. The share is a :class:`zephon.checkpoint.share.Share` (a ``dict``) that can still
 become the whole merged state: the leader leaves every rank's state record (as it
-received them, already encoded) under ``m.<id>`` until
+received them, already encoded) under ``-m.<id>`` (beside the prefix) until
 the next round is acknowledged (or close()), and ``zephon.save`` of a share, or a
 ``restore`` of it on lanes it does not hold, reads them from there. So a follower's result
 saves and restores on any rank and any world size, as before; only a rank that saves it

@@ -15,7 +15,8 @@ Every key of a round sits under one prefix per (job, pipeline)::
     P s.<round id>.<rank>                  a follower's state record; the follower deletes
                                            it once it has read the commit, and that
                                            deletion is its acknowledgement
-    P m.<round id>                         every rank's state record of the round (the
+    j<job hash>.p<fingerprint>-m.<round id>
+                                           every rank's state record of the round (the
                                            leader writes them after the commit; nobody reads
                                            them in the round): what a follower's share reads
                                            and merges when it is saved or restored
@@ -91,7 +92,9 @@ class Keys:
         return f"{self.decisions}{rid}"
 
     def merged(self, rid: str) -> str:
-        return f"{self.prefix}m.{rid}"
+        # Beside the prefix, not under it: the leader's watch of the prefix must not echo
+        # back every lane it just wrote.
+        return f"{self.prefix[:-1]}-m.{rid}"
 
     def states(self, rid: str) -> str:
         return f"{self.prefix}s.{rid}."

@@ -184,7 +184,7 @@ class Leader:
         return merged
 
     def _publish_merged(self, rid: str) -> None:
-        """Leave what the merged state is made of in the store (``m.<rid>``: every rank's
+        """Leave what the merged state is made of in the store (``-m.<rid>``: every rank's
         state record as the leader received it, whose digests the commit lists) for the
         followers' shares (:class:`zephon.checkpoint.share.Share`): nobody reads it in the
         round; a follower that saves its share, or restores lanes it does not own, does,
@@ -318,6 +318,7 @@ class Leader:
         for rid, world_size in found.items():
             ctx.log.debug("%s replacing round %s left by an earlier run", ctx.p, rid)
             ctx.delete_quietly(keys.decision(rid))
+            ctx.delete_quietly(keys.merged(rid))
             # Its states go now and again after this round: followers that had
             # joined it may still write there until they see the new announcement.
             self.replaced.add((rid, world_size))
