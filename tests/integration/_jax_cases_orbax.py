@@ -157,3 +157,72 @@ def test_merge_of_rank_files_equals_merge_states(tmp_path):
             states.append(loads(dumps(p.checkpoint())))
             (tmp_path / process_file(r, 2)).write_bytes(dumps(states[-1]))
     assert read_state(tmp_path) == merge_states(states)
+
+
+def _big_state(lanes: int) -> dict:
+    return {
+        "format": "zephon.pipeline",
+        "topology": {"rank": 0, "world_size": 4, "merged": True},
+        "round_robin": {"dp_size": 4, "next_lanes": {"0": 0}},
+        "lanes": [{"lane": lane, "cursor": [lane, 7], "blob": bytes(50)} for lane in range(lanes)],
+    }
+
+
+def test_a_large_merged_state_is_sharded_and_a_restore_reads_only_its_lanes(tmp_path):
+    from zephon.jax.orbax import SHARD_LANES, write_merged
+
+    state = _big_state(2 * SHARD_LANES + 10)
+    write_merged(tmp_path, state)
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == [
+        f"loader-lanes-000000-{SHARD_LANES - 1:06d}.zph",
+        f"loader-lanes-{SHARD_LANES:06d}-{2 * SHARD_LANES - 1:06d}.zph",
+        f"loader-lanes-{2 * SHARD_LANES:06d}-{2 * SHARD_LANES + 9:06d}.zph",
+        MERGED_FILE,
+    ]
+    assert read_state(tmp_path) == state  # every lane, as saved
+    # A rank owning 16 lanes of the middle shard reads the index and that shard only: the
+    # others may as well be gone.
+    for name in (names[0], names[2]):
+        (tmp_path / name).unlink()
+    mine = list(range(SHARD_LANES + 16, SHARD_LANES + 32))
+    got = read_state(tmp_path, lanes=mine)
+    assert [ls["lane"] for ls in got["lanes"]] == mine
+    assert {k: v for k, v in got.items() if k != "lanes"} == {
+        k: v for k, v in state.items() if k != "lanes"
+    }
+    with pytest.raises(CheckpointError, match="lane shard named by loader.zph is missing"):
+        read_state(tmp_path, lanes=[0])
+    (tmp_path / names[1]).write_bytes(dumps({"format": "zephon.loader-shard", "lanes": []}))
+    with pytest.raises(CheckpointError, match="sha256 differs"):
+        read_state(tmp_path, lanes=mine)
+
+
+class _Follower:
+    """What a follower's checkpoint() returns: its share of the round's merged state."""
+
+    def __init__(self, share: dict) -> None:
+        self._share = share
+
+    def checkpoint(self) -> dict:
+        return self._share
+
+
+def test_a_follower_share_is_not_written_by_the_primary_host(tmp_path):
+    share = _big_state(4)
+    share["lanes"] = share["lanes"][2:]
+    share["share"] = {"rank": 1, "world_size": 2, "round_id": "r", "lanes_total": 4}
+    handler = zj.LoaderCheckpointHandler()  # this one process is the primary host
+    with pytest.raises(CheckpointError, match="holds only rank 1's share"):
+        handler.save(tmp_path, zj.CheckpointSave(_Follower(share)))
+    from orbax.checkpoint import options as ocp_options
+
+    every = zj.LoaderCheckpointHandler(
+        multiprocessing_options=ocp_options.MultiprocessingOptions(primary_host=None)
+    )
+    every.save(tmp_path, zj.CheckpointSave(_Follower(share)))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [process_file(1, 2)]
+    # Host-local storage: the share restores the lanes it holds, nothing else.
+    assert [ls["lane"] for ls in read_state(tmp_path, lanes=[2, 3])["lanes"]] == [2, 3]
+    with pytest.raises(CheckpointError, match=r"ranks \[0\] of 2 is missing"):
+        read_state(tmp_path, lanes=[0, 1])

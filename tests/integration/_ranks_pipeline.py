@@ -1,5 +1,11 @@
 """One rank of a multi-process job: iterate, checkpoint through a round, save the result.
 
+Every rank saves what its ``checkpoint()`` returned with ``zp.save`` (a follower's share is
+saved as the whole merged state) and writes ``OUT.share.json``: the result's ``"share"``
+entry as returned and what its round read. Rank 0 closes its pipeline (which removes the
+round's merged lanes from the store) only once every rank has saved: a share can be saved
+until the next round or until rank 0 closes.
+
 python _ranks_pipeline.py RANK WORLD WORKERS STEPS OUT_PREFIX [--dir D | --etcd URL] [--restore CKPT]
 """
 
@@ -9,6 +15,7 @@ import argparse
 import hashlib
 import json
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -50,8 +57,22 @@ def main() -> None:
             )
             seen.append([pipe.last_batch_lanes[0], digest.hexdigest()[:16]])
         state = pipe.checkpoint()
-    zp.save(f"{a.out}.zph", state)
-    Path(f"{a.out}.json").write_text(json.dumps(seen))
+        stats = pipe._agg.last_round if pipe._agg is not None else None
+        share = {
+            "share": state.get("share"),
+            "lanes": sorted(ls["lane"] for ls in state["lanes"]),
+            "bytes_read": stats.bytes_read if stats is not None else None,
+        }
+        zp.save(f"{a.out}.zph", state)
+        Path(f"{a.out}.share.json").write_text(json.dumps(share))
+        Path(f"{a.out}.json").write_text(json.dumps(seen))
+        if a.rank == 0 and (a.dir or a.etcd):
+            prefix = a.out[: -len("-0")]
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not all(
+                Path(f"{prefix}-{r}.json").exists() for r in range(a.world)
+            ):
+                time.sleep(0.05)
 
 
 if __name__ == "__main__":

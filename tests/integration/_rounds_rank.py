@@ -6,7 +6,8 @@ the round tests share).
 
 Modes: ``ok``; ``absent`` (never calls round()); ``bad-lanes`` (reports one lane too few);
 ``die-in-merge`` (the leader SIGKILLs itself in merge(), after writing ``FILE.dying`` with
-the time). Writes ``FILE`` as JSON: ``{"rank", "merged": [...], "digests": [...], "error",
+the time); ``stop-in-merge`` (the leader writes ``FILE.stopped`` and SIGSTOPs itself in
+merge(): the test sends SIGCONT when it wants). Writes ``FILE`` as JSON: ``{"rank", "merged": [...], "digests": [...], "error",
 "error_type", "elapsed_s", "failed_at_unix"}``.
 """
 
@@ -50,6 +51,13 @@ def merge(states: list[dict[str, Any]]) -> dict[str, Any]:
     return {"step": states[0]["step"], "lanes": lanes, "world_size": len(states)}
 
 
+def share_of(merged: dict[str, Any], rank: int) -> dict[str, Any]:
+    """What a follower's round returns (its "share" entry aside): the merged header and
+    its own lanes."""
+    mine = set(lanes_of(rank))
+    return {**merged, "lanes": [x for x in merged["lanes"] if x["lane"] in mine]}
+
+
 def digest(merged: dict[str, Any]) -> str:
     from zephon.checkpoint.io import dumps
 
@@ -65,7 +73,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--timeout-s", type=float, default=20.0)
     ap.add_argument("--lease-ttl-s", type=float, default=10.0)
-    ap.add_argument("--mode", default="ok", choices=["ok", "absent", "bad-lanes", "die-in-merge"])
+    ap.add_argument(
+        "--mode",
+        default="ok",
+        choices=["ok", "absent", "bad-lanes", "die-in-merge", "stop-in-merge"],
+    )
     ap.add_argument(
         "--linger-s", type=float, default=0.0, help="after an error, wait before close()"
     )
@@ -82,6 +94,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.mode == "die-in-merge":
             _write(args.out + ".dying", {"at_unix": time.time()})
             os.kill(os.getpid(), signal.SIGKILL)
+        if args.mode == "stop-in-merge":
+            _write(args.out + ".stopped", {"at_unix": time.time()})
+            os.kill(os.getpid(), signal.SIGSTOP)
+            _write(args.out + ".resumed", {"at_unix": time.time()})
         return merge(states)
 
     agg = Aggregator(

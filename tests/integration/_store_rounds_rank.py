@@ -2,11 +2,16 @@
 
     python _store_rounds_rank.py STORE_URL NAMESPACE RANK WORLD_SIZE ROUNDS LEASE_TTL_S MODE
 
-Opens the store with ``open_store`` (as a Pipeline would), runs ROUNDS rounds of
+Opens the store with ``open_store`` (as a Pipeline would; STORE_URL without ``://`` is an
+``aggregate_dir``), runs ROUNDS rounds of
 ``Aggregator.round`` with a small synthetic state (two lanes per rank), and prints one JSON
 line per round: ``{"rank", "round", "ok", "merged" | "error", "t"}`` (``t`` = time.time() at
 the end of the round). MODE ``die_before_publish``: the leader prints ``{"dying": t}`` and
-SIGKILLs itself inside ``merge``, after collecting every state and before publishing.
+SIGKILLs itself inside ``merge``, after collecting every state and before publishing;
+``$ZEPHON_TEST_MARK`` marks every lane of this rank's states, ``$ZEPHON_TEST_FINGERPRINT``
+is the pipeline fingerprint the rounds run under;
+``stop_before_publish``: it prints ``{"stopped": t}`` and SIGSTOPs itself there (the test
+sends SIGCONT).
 """
 
 from __future__ import annotations
@@ -27,7 +32,14 @@ def lanes_of(rank: int) -> list[int]:
     return list(range(rank * LANES_PER_RANK, (rank + 1) * LANES_PER_RANK))
 
 
-def state_of(rank: int, world_size: int, round_no: int) -> dict:
+def state_of(rank: int, world_size: int, round_no: int, mark: str | None = None) -> dict:
+    """A small state; with ``mark`` every lane carries it (to see whose lanes a job got)."""
+    lanes: list[dict] = [
+        {"lane": lane, "position": 100 * round_no + lane} for lane in lanes_of(rank)
+    ]
+    if mark is not None:
+        for lane in lanes:
+            lane["mark"] = mark
     return {
         "topology": {
             "rank": rank,
@@ -35,13 +47,26 @@ def state_of(rank: int, world_size: int, round_no: int) -> dict:
             "dp_size": world_size,
             "canonical_replicas": world_size * LANES_PER_RANK,
         },
-        "lanes": [{"lane": lane, "position": 100 * round_no + lane} for lane in lanes_of(rank)],
+        "lanes": lanes,
     }
 
 
 def merge(states: list[dict]) -> dict:
     lanes = sorted((x for s in states for x in s["lanes"]), key=lambda x: x["lane"])
     return {"lanes": lanes}
+
+
+def expected_result(rank: int, world_size: int, round_no: int) -> dict:
+    """What rank ``rank`` gets back (its "share" entry aside): the merged state on the
+    leader, the merged header with its own lanes on a follower."""
+    merged = merge([state_of(r, world_size, round_no) for r in range(world_size)])
+    if rank == 0:
+        return merged
+    return {**merged, "lanes": state_of(rank, world_size, round_no)["lanes"]}
+
+
+def without_share(result: dict) -> dict:
+    return {k: v for k, v in result.items() if k != "share"}
 
 
 def emit(**record) -> None:
@@ -57,6 +82,9 @@ def main() -> None:
         if mode == "die_before_publish":
             emit(dying=time.time())
             os.kill(os.getpid(), signal.SIGKILL)
+        if mode == "stop_before_publish":
+            emit(stopped=time.time())
+            os.kill(os.getpid(), signal.SIGSTOP)
         return merge(states)
 
     if url == "jax://":  # this rank joins a jax.distributed job first (coordinator in env)
@@ -70,7 +98,11 @@ def main() -> None:
             process_id=rank,
         )
     # torch:// reads MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE as under torchrun
-    store = open_store(aggregate_store=url, namespace=namespace)
+    if "://" in url:
+        store = open_store(aggregate_store=url, namespace=namespace)
+    else:
+        store = open_store(aggregate_dir=url, namespace=namespace)
+    mark = os.environ.get("ZEPHON_TEST_MARK")
     agg = Aggregator(
         store,
         rank=rank,
@@ -79,12 +111,13 @@ def main() -> None:
         expected_lanes=lanes_of,
         merge=leader_merge,
         lease_ttl_s=lease_ttl_s,
+        fingerprint=os.environ.get("ZEPHON_TEST_FINGERPRINT", ""),
     )
     try:
         for round_no in range(rounds):
             t0 = time.time()
             try:
-                merged = agg.round(state_of(rank, world_size, round_no))
+                merged = agg.round(state_of(rank, world_size, round_no, mark))
             except AggregationError as e:
                 emit(rank=rank, round=round_no, ok=False, error=str(e), t=time.time())
                 sys.exit(3)

@@ -84,13 +84,29 @@ def check_lanes(ref, before, after):
         assert got == ref[lane][: len(got)], f"lane {lane} lost or repeated data"
 
 
+def check_merged_and_shares(tmp: Path, name: str, states: list[dict]) -> None:
+    """Rank 0 returned the merged state; every other rank its share (its own lanes, and
+    what they are a share of), which ``zp.save`` saved as the whole merged state."""
+    merged = states[0]
+    assert sorted(ls["lane"] for ls in merged["lanes"]) == [0, 1, 2, 3]
+    assert "share" not in merged
+    for rank, st in enumerate(states):
+        assert st == merged, f"rank {rank}'s saved checkpoint is not the merged state"
+        got = json.loads((tmp / f"{name}-{rank}.share.json").read_text())
+        if rank == 0:
+            assert got["share"] is None and got["lanes"] == [0, 1, 2, 3], got
+            continue
+        assert got["share"]["rank"] == rank and got["share"]["lanes_total"] == 4, got
+        assert 0 < len(got["lanes"]) < 4, got  # checkpoint() returned its own lanes only
+
+
 def test_directory_round_4x2_then_resume_in_2x1(tmp_path):
     agg = ["--dir", str(tmp_path / "agg")]
     states, before = run_job(tmp_path, "a", 4, 2, [3, 5, 2, 4], agg)
-    assert all(s == states[0] for s in states), "every rank must return the same merged state"
-    assert sorted(ls["lane"] for ls in states[0]["lanes"]) == [0, 1, 2, 3]
+    check_merged_and_shares(tmp_path, "a", states)
+    # What rank 2 saved from its share resumes the whole job in another topology.
     _, after = run_job(
-        tmp_path, "b", 2, 1, [6, 6], ["--dir", str(tmp_path / "agg2")], restore=tmp_path / "a-0.zph"
+        tmp_path, "b", 2, 1, [6, 6], ["--dir", str(tmp_path / "agg2")], restore=tmp_path / "a-2.zph"
     )
     check_lanes(uninterrupted(60), before, after)
     assert not list((tmp_path / "agg").rglob("*")) or all(
@@ -103,9 +119,9 @@ def test_etcd_round_then_resume_in_one_process(tmp_path):
     with etcd_server() as etcd:
         agg = ["--etcd", f"etcd://{etcd.endpoint}"]
         states, before = run_job(tmp_path, "a", 2, 0, [4, 7], agg)
-        assert states[0] == states[1]
+        check_merged_and_shares(tmp_path, "a", states)
     with lm_pipeline(seed=41, lanes=4, num_epochs=None) as p:
-        p.restore(states[0])
+        p.restore(states[1])  # rank 1's saved share, on one rank
         after: dict[int, list[str]] = {}
         for _ in range(12):
             batch = next(p)

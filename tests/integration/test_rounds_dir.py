@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from _rounds_rank import fake_state, lanes_of, merge
+from _rounds_rank import fake_state, lanes_of, merge, share_of
 
 SCRIPT = Path(__file__).with_name("_rounds_rank.py")
 pytestmark = pytest.mark.processes
@@ -68,17 +69,26 @@ def namespace_files(root: Path) -> list[str]:
     return sorted(os.listdir(root / "zephon"))
 
 
-def test_four_processes_get_the_same_merged_state(tmp_path):
+def check_round(reports: list[dict], n: int, step: int) -> None:
+    """The leader got the merged state of ``step``; every follower its share of it."""
+    expected = merge([fake_state(r, n, step) for r in range(n)])
+    assert reports[0]["merged"][step] == expected
+    for r, rep in enumerate(reports[1:], start=1):
+        got = dict(rep["merged"][step])
+        share = got.pop("share")
+        assert share["rank"] == r and share["lanes_total"] == len(expected["lanes"]), share
+        assert got == share_of(expected, r)
+
+
+def test_four_processes_get_the_merged_state_and_their_shares(tmp_path):
     n, rounds = 4, 3
     root = tmp_path / "agg"
     reports = run_job(tmp_path, root, n, rounds=rounds)
     for rep in reports:
         assert rep.get("error") is None, rep
         assert len(rep["digests"]) == rounds, rep
-    assert all(rep["digests"] == reports[0]["digests"] for rep in reports)
     for step in range(rounds):
-        expected = merge([fake_state(r, n, step) for r in range(n)])
-        assert all(rep["merged"][step] == expected for rep in reports)
+        check_round(reports, n, step)
     assert namespace_files(root) == []  # the leader's close() removed the last marker
 
 
@@ -141,13 +151,85 @@ def test_sigkilled_leader_then_a_restarted_job_over_the_same_directory(tmp_path)
         assert "the leader (rank 0) of round" in rep["error"] and "is gone" in rep["error"]
         assert "did rank 0 die?" in rep["error"]
         assert rep["failed_at_unix"] - died_at < 2 * ttl + 0.5
-    assert "leader" in namespace_files(root)  # the dead leader's (expired) key is left
+    # the dead leader's (expired) key is left
+    assert any(f.endswith(".c.leader") for f in namespace_files(root))
 
     time.sleep(0.1)
     again = run_job(tmp_path, root, n, rounds=2, lease_ttl_s=ttl, tag="restart")
     for rep in again:
         assert rep.get("error") is None, rep
-    assert all(rep["digests"] == again[0]["digests"] for rep in again)
-    assert again[0]["merged"][1] == merge([fake_state(r, n, 1) for r in range(n)])
-    # The dead leader's own state file was overwritten and removed by the new leader.
+    check_round(again, n, 1)
+    # What the dead run left (its followers' states and aborts) was removed by the new leader.
     assert namespace_files(root) == []
+
+
+def _start_job(tmp_path: Path, root: Path, n: int, *, lease_ttl_s: float, tag: str) -> list:
+    procs = []
+    for r in range(n):
+        cmd = [
+            sys.executable,
+            str(SCRIPT),
+            "--root", str(root),
+            "--rank", str(r),
+            "--world-size", str(n),
+            "--out", str(tmp_path / f"{tag}-rank{r}.json"),
+            "--timeout-s", "60",
+            "--lease-ttl-s", str(lease_ttl_s),
+            "--mode", "stop-in-merge" if r == 0 else "ok",
+        ]  # fmt: skip
+        procs.append(subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True))
+    return procs
+
+
+def _wait_for(path: Path, procs: list, limit_s: float = 60.0) -> None:
+    deadline = time.monotonic() + limit_s
+    while not path.exists():
+        if time.monotonic() > deadline or any(p.poll() not in (None, 0) for p in procs):
+            for p in procs:
+                os.kill(p.pid, signal.SIGCONT)
+                p.kill()
+            raise AssertionError(f"{path.name} never appeared")
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("followers_give_up", [True, False])
+def test_stale_leader_sigstopped_before_its_commit_the_ranks_agree(tmp_path, followers_give_up):
+    """Rank 0 stops itself (SIGSTOP) after collecting every state, just before its commit.
+    Resumed after the followers gave up on it (its lease expired), it must fail too; resumed
+    before that, every rank succeeds. Never a split."""
+    n, ttl = 3, 1.0
+    tag = f"stale-{followers_give_up}"
+    procs = _start_job(tmp_path, tmp_path / "agg", n, lease_ttl_s=ttl, tag=tag)
+    try:
+        _wait_for(tmp_path / f"{tag}-rank0.json.stopped", procs)
+        if followers_give_up:
+            for p in procs[1:]:
+                p.wait(timeout=30)  # they give up on the stopped leader
+        else:
+            time.sleep(0.2)  # well inside the lease
+        os.kill(procs[0].pid, signal.SIGCONT)
+        for p in procs:
+            p.communicate(timeout=60)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.kill(p.pid, signal.SIGCONT)
+                p.kill()
+                p.communicate()
+    reports = [json.loads((tmp_path / f"{tag}-rank{r}.json").read_text()) for r in range(n)]
+    if followers_give_up:
+        for rep in reports[1:]:
+            assert rep["error_type"] == "AggregationError", rep
+            assert "is gone" in rep["error"], rep["error"]
+        lead = reports[0]
+        assert lead["error_type"] == "AggregationError", "the resumed leader must not succeed"
+        # It knows its lease lapsed (the clock says so), or finds the followers' abort.
+        assert (
+            "lapsed during round" in lead["error"]
+            or "ended before this leader could commit it" in lead["error"]
+        ), lead["error"]
+        assert lead["merged"] == []
+    else:
+        for rep in reports:
+            assert rep.get("error") is None, rep
+        check_round(reports, n, 0)

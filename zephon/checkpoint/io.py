@@ -94,7 +94,8 @@ def dumps(state: dict[str, Any], *, level: int = 3) -> bytes:
     """
     if isinstance(level, bool) or not isinstance(level, int) or not 1 <= level <= _MAX_LEVEL:
         raise ValueError(f"zstd level must be an int in 1..{_MAX_LEVEL}; got {level!r}")
-    _check_writable(state)
+    if not _writable(state):
+        _check_writable(state)  # raises, saying where
     raw = msgpack.packb(state, use_bin_type=True)
     payload = zstandard.ZstdCompressor(
         level=level, write_checksum=True, write_content_size=True
@@ -111,16 +112,62 @@ def save(path: str | os.PathLike[str], state: dict[str, Any], *, level: int = 3)
 
     A crash at any point leaves either the old file or the new one at ``path``.
 
+    A follower's share of a checkpoint round (:class:`zephon.checkpoint.share.Share`, what
+    ``Pipeline.checkpoint()`` returns on every rank but 0) is saved as the whole merged
+    state it is a share of, read from the round's store, so the file restores on any rank
+    and any world size.
+
     Returns:
         The number of bytes written.
 
     Raises:
-        CheckpointError: ``state`` cannot be serialised (see :func:`dumps`); nothing is written.
+        CheckpointError: ``state`` cannot be serialised (see :func:`dumps`), or it is a
+            share whose merged state the store no longer holds; nothing is written.
         OSError: the file cannot be written (a full disk, no permission, a file where a
             directory must be); ``path`` is untouched, no temp file remains, and the error
             names ``path`` (as its ``filename``).
     """
-    return atomic_write_bytes(path, dumps(state, level=level), make_parents=True)
+    from zephon.checkpoint.share import complete
+
+    return atomic_write_bytes(path, dumps(complete(state), level=level), make_parents=True)
+
+
+_SCALAR_TYPES = frozenset({str, bytes, float, bool, type(None)})
+
+
+def _writable(state: object) -> bool:
+    """The quick check behind :func:`dumps`: True when every key is a str and every value
+    an exact checkpoint type (ints in msgpack's range, nothing nested deeper than
+    ``_MAX_DEPTH``). It builds no paths, so it is several times faster than
+    :func:`_check_writable`, which runs only when this says False (to find the culprit, or
+    to accept what only a subclass of a checkpoint type made look odd)."""
+    if type(state) is not dict:
+        return False
+    scalars = _SCALAR_TYPES
+    stack: list[tuple[Any, int]] = [(state, 0)]
+    pop, push = stack.pop, stack.append
+    while stack:
+        container, depth = pop()
+        if depth >= _MAX_DEPTH:
+            return False
+        depth += 1
+        if type(container) is dict:
+            for key in container:
+                if type(key) is not str:
+                    return False
+            values = container.values()
+        else:
+            values = container
+        for v in values:
+            t = type(v)
+            if t is dict or t is list:
+                push((v, depth))
+            elif t is int:
+                if not _INT_MIN <= v <= _INT_MAX:
+                    return False
+            elif t not in scalars:
+                return False
+    return True
 
 
 def _check_writable(state: object) -> None:
@@ -420,17 +467,23 @@ def _plain(state: dict[str, Any]) -> bool:
     """Whether every key in ``state`` is a str and nothing nests deeper than ``_MAX_DEPTH``
     (the quick check: it builds no paths, and looks only at containers)."""
     stack: list[tuple[Any, int]] = [(state, 0)]
+    pop, push = stack.pop, stack.append
     while stack:
-        value, depth = stack.pop()
+        value, depth = pop()
         if depth >= _MAX_DEPTH and value:  # its contents would lie too deep
             return False
         if type(value) is dict:
-            if not all(type(k) is str for k in value):
-                return False
+            for key in value:
+                if type(key) is not str:
+                    return False
             children: Iterable[Any] = value.values()
         else:
             children = value
-        stack.extend((v, depth + 1) for v in children if type(v) is dict or type(v) is list)
+        depth += 1
+        for v in children:
+            t = type(v)
+            if t is dict or t is list:
+                push((v, depth))
     return True
 
 

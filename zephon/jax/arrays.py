@@ -128,8 +128,9 @@ class GlobalBatches:
         """The loader state as of the last batch this iterator returned.
 
         Batches prefetched onto the devices but not returned are not part of it. With
-        aggregation configured on the pipeline every process must call it at the same step,
-        and all get the same merged state, as with :meth:`Pipeline.checkpoint`.
+        aggregation configured on the pipeline every process must call it at the same step:
+        process 0 gets the merged state, every other process its share of it, as with
+        :meth:`Pipeline.checkpoint`.
         """
         if self._state is None:
             # Nothing returned, so nothing pulled (or only a restore): the pipeline's own

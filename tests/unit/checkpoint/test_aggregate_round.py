@@ -1,7 +1,10 @@
 """The multi-rank checkpoint round, with N ranks simulated as threads over one store.
 
 Every rank gets its own store object on the same location (a tmp directory, or an fsspec
-``memory://`` root, which threads of one process share), as separate hosts would.
+``memory://`` root, which threads of one process share), as separate hosts would. The
+leader returns the merged state; a follower its share (the merged header, its own lanes).
+Job identity, agreement and store failures have their own file:
+test_aggregate_identity_and_faults.py.
 """
 
 from __future__ import annotations
@@ -17,12 +20,15 @@ from typing import Any
 import fsspec
 import pytest
 
-from zephon.checkpoint import aggregate as agg
-from zephon.checkpoint.aggregate import Aggregator
+from zephon.checkpoint.aggregate import SHARE_KEY, Aggregator
+from zephon.checkpoint.rounds.context import read_decision
+from zephon.checkpoint.rounds.keys import STATE, Announcement, Keys, encode
 from zephon.checkpoint.stores import DirectoryStore, StaleRoundError
 from zephon.errors import AggregationError
 
 LANES_PER_GROUP = 2
+JOB = "test-job"
+KEYS = Keys(JOB, "")
 
 
 def lanes_of(rank: int, world_size: int, dp_size: int | None = None) -> list[int]:
@@ -63,6 +69,25 @@ def merge(states: list[dict]) -> dict:
         "lanes": [lanes[k] for k in sorted(lanes)],
         "ranks": len(states),
     }
+
+
+def share_of(merged: dict, rank: int, world_size: int, dp_size: int | None = None) -> dict:
+    """What a follower returns, without its "share" entry: the merged header, its lanes."""
+    mine = set(lanes_of(rank, world_size, dp_size))
+    return {**merged, "lanes": [x for x in merged["lanes"] if x["lane"] in mine]}
+
+
+def check_results(results: list[Any], states: list[dict], dp_size: int | None = None) -> None:
+    n = len(states)
+    merged = merge(states)
+    assert results[0] == merged
+    for r in range(1, n):
+        res = results[r]
+        assert not isinstance(res, BaseException), res
+        share = res.pop(SHARE_KEY)
+        assert share["rank"] == r and share["world_size"] == n
+        assert share["lanes_total"] == len(merged["lanes"])
+        assert res == share_of(merged, r, n, dp_size)
 
 
 class Roots:
@@ -129,6 +154,8 @@ def make_aggs(
     dp_size: int | None = None,
     lease_ttl_s: float = 10.0,
     store_wrap: Callable[[int, Any], Any] | None = None,
+    job_id: str = JOB,
+    fingerprint: str = "",
 ) -> list[Aggregator]:
     timeouts = timeout_s if isinstance(timeout_s, list) else [timeout_s] * n
     aggs = []
@@ -145,6 +172,8 @@ def make_aggs(
                 expected_lanes=lambda rank, n=n: lanes_of(rank, n, dp_size),
                 merge=merge_fn,
                 lease_ttl_s=lease_ttl_s,
+                job_id=job_id,
+                fingerprint=fingerprint,
             )
         )
     return aggs
@@ -180,12 +209,16 @@ def run_ranks(
     return out
 
 
+def decisions(files: list[str]) -> list[str]:
+    return [f for f in files if f.startswith(KEYS.decisions)]
+
+
 def assert_only_the_failure_is_left(files: list[str]) -> None:
     """A failed last round leaves its notice (and announcement, if still open) after
     close(), for followers that have not looked yet."""
-    notices = [f for f in files if f.startswith("failed-")]
+    notices = decisions(files)
     assert len(notices) == 1, files
-    assert set(files) - set(notices) <= {agg.ANNOUNCE_KEY}, files
+    assert set(files) - set(notices) <= {KEYS.round}, files
 
 
 def close_all(aggs: list[Aggregator]) -> None:
@@ -197,20 +230,38 @@ def close_all(aggs: list[Aggregator]) -> None:
 
 
 @pytest.mark.parametrize("n", [2, 4, 8])
-def test_every_rank_returns_the_same_merged_state(roots, n):
+def test_leader_returns_the_merged_state_and_followers_their_share(roots, n):
     root = roots.new()
     aggs = make_aggs(roots, root, n)
     for step in (10, 20, 30):
         states = [make_state(r, n, step) for r in range(n)]
         out = run_ranks(aggs, states)
-        results = [res for res, _ in out]
-        for res in results:
-            assert not isinstance(res, BaseException), res
-        assert results[0] == merge(states)
-        assert all(res == results[0] for res in results)
-        assert [lane["lane"] for lane in results[0]["lanes"]] == list(range(n * LANES_PER_GROUP))
+        check_results([res for res, _ in out], states)
+        assert [lane["lane"] for lane in out[0][0]["lanes"]] == list(range(n * LANES_PER_GROUP))
     close_all(aggs)
     assert roots.files(root) == []
+
+
+def test_a_follower_reads_the_manifest_not_the_other_ranks_lanes(local):
+    """Linear fan-out: what a follower reads in a round does not grow with the other
+    ranks' lanes (here each rank holds ~40 KB of lane state; a follower reads under 4 KB)."""
+    root = local.new()
+    n = 6
+    aggs = make_aggs(local, root, n)
+    states = [make_state(r, n, 1) for r in range(n)]
+    for st in states:
+        for lane in st["lanes"]:
+            lane["inflight"] = [{"chunk": i, "pointers": os.urandom(20_000)} for i in range(1)]
+    out = run_ranks(aggs, states)
+    assert all(not isinstance(res, BaseException) for res, _ in out), out
+    leader = aggs[0].last_round
+    assert leader is not None and leader.ok and leader.bytes_read > (n - 1) * 40_000
+    for a in aggs[1:]:
+        stats = a.last_round
+        assert stats is not None and stats.ok and stats.role == "follower"
+        assert stats.bytes_read < 4_000, stats
+        assert stats.requests > 0
+    close_all(aggs)
 
 
 def test_previous_merged_is_kept_until_the_next_round_is_acknowledged(roots):
@@ -224,31 +275,68 @@ def test_previous_merged_is_kept_until_the_next_round_is_acknowledged(roots):
 
     aggs = make_aggs(roots, root, n, merge_fn=spying_merge)
     run_ranks(aggs, [make_state(r, n, 1) for r in range(n)])
-    first = [f for f in roots.files(root) if f.startswith("merged-")]
+    first = decisions(roots.files(root))
     assert len(first) == 1
-    # Between rounds only the "round closed" marker, the fence key and the leader's
-    # liveness key (held until close()) stay.
-    assert sorted(roots.files(root)) == sorted([*first, "generation", "leader"])
+    rid1 = first[0].removeprefix(KEYS.decisions)
+    # Between rounds only the "round closed" marker (the commit), the merged lanes left for
+    # the followers' shares, the fence key and the leader's liveness key (held until
+    # close()) stay.
+    assert sorted(roots.files(root)) == sorted([*first, KEYS.merged(rid1), KEYS.gen, KEYS.leader])
 
     run_ranks(aggs, [make_state(r, n, 2) for r in range(n)])
-    # While round 2 was merging, round 1's result was still there...
+    # While round 2 was merging, round 1's commit was still there...
     assert first[0] in seen_during_merge[1]
     # ...and once round 2 was acknowledged by everyone, it was gone.
-    second = [f for f in roots.files(root) if f.startswith("merged-")]
+    second = decisions(roots.files(root))
     assert len(second) == 1 and second != first
+    assert KEYS.merged(rid1) not in roots.files(root)
     close_all(aggs)
     assert roots.files(root) == []
 
 
+def test_a_followers_share_saves_and_restores_as_the_merged_state(local, tmp_path):
+    """A follower's result is its share (own lanes); ``zp.save`` of it writes the whole
+    merged state, read from what the leader left in the store, until the next round is
+    acknowledged; after that (or the leader's close()) saving it says why it cannot."""
+    import zephon as zp
+    from zephon.checkpoint.share import Share
+    from zephon.errors import CheckpointError
+
+    root = local.new()
+    n = 4
+    aggs = make_aggs(local, root, n)
+    states = [make_state(r, n, 1) for r in range(n)]
+    out = [res for res, _ in run_ranks(aggs, states)]
+    merged = out[0]
+    share = out[2]
+    assert isinstance(share, Share) and not isinstance(merged, Share)
+    assert [ls["lane"] for ls in share["lanes"]] == lanes_of(2, n)
+    round_bytes = aggs[2].last_round.bytes_read
+    assert share.merged() == merged
+    assert zp.save(tmp_path / "r2.zph", share) > 0
+    assert zp.load(tmp_path / "r2.zph") == merged
+    # A plain copy is the share alone: saved as it is.
+    zp.save(tmp_path / "plain.zph", dict(share))
+    assert zp.load(tmp_path / "plain.zph") == dict(share)
+    # The round itself read no other rank's lanes; only saving the share did.
+    assert round_bytes < 2_000, round_bytes
+    run_ranks(aggs, [make_state(r, n, 2) for r in range(n)])
+    with pytest.raises(CheckpointError, match=r"\[rank=2\] the merged state of round .* no longer"):
+        zp.save(tmp_path / "late.zph", share)
+    assert not (tmp_path / "late.zph").exists()
+    close_all(aggs)
+
+
 class _DropAcks:
-    """A store whose ack writes vanish: the rank read the result, then died before acking."""
+    """A store whose acks vanish (a follower acknowledges by deleting its state): the rank
+    read the result, then died before acking."""
 
     def __init__(self, inner: Any) -> None:
         self._inner = inner
 
-    def put(self, key, value, *, fence=None):
-        if not key.endswith(".ack"):
-            self._inner.put(key, value, fence=fence)
+    def delete(self, key):
+        if ".s." not in key:
+            self._inner.delete(key)
 
     def __getattr__(self, name):
         return getattr(self._inner, name)
@@ -268,12 +356,12 @@ def test_unacknowledged_result_stays_until_a_later_round_is_acknowledged(local, 
         out = run_ranks(flaky, [make_state(r, n, 1) for r in range(n)])
     assert all(isinstance(res, dict) for res, _ in out)  # the leader still returns it
     assert any("[rank=0]" in m and "ranks [2] did not acknowledge" in m for m in caplog.messages)
-    first = {f for f in local.files(root) if f.startswith("merged-")}
+    first = set(decisions(local.files(root)))
     assert len(first) == 1
 
     flaky[2] = make_aggs(local, root, n)[2]  # rank 2 is healthy again
     run_ranks(flaky, [make_state(r, n, 2) for r in range(n)])
-    merged_files = {f for f in local.files(root) if f.startswith("merged-")}
+    merged_files = set(decisions(local.files(root)))
     assert len(merged_files) == 1 and not merged_files & first
     close_all(flaky)
     assert local.files(root) == []
@@ -285,9 +373,8 @@ def test_dp_groups_model_parallel_peers_report_the_same_lanes(local):
     aggs = make_aggs(local, root, n, dp_size=dp)
     states = [make_state(r, n, 5, dp_size=dp) for r in range(n)]
     out = run_ranks(aggs, states)
-    merged = out[0][0]
-    assert all(res == merged for res, _ in out)
-    assert [lane["lane"] for lane in merged["lanes"]] == [0, 1, 2, 3]
+    check_results([res for res, _ in out], states, dp_size=dp)
+    assert [lane["lane"] for lane in out[0][0]["lanes"]] == [0, 1, 2, 3]
     close_all(aggs)
 
 
@@ -295,8 +382,25 @@ def test_late_leader_within_the_budget_is_fine(local):
     root = local.new()
     n = 4
     aggs = make_aggs(local, root, n, timeout_s=3.0)
-    out = run_ranks(aggs, [make_state(r, n, 1) for r in range(n)], delays_s={0: 0.5})
+    out = run_ranks(aggs, [make_state(r, n, 1) for r in range(n)], delays_s={0: 0.8})
     assert all(isinstance(res, dict) for res, _ in out)
+    close_all(aggs)
+    assert local.files(root) == []  # the followers' probes (after 0.5 s) are gone too
+
+
+def test_a_merge_that_changes_lane_states_is_refused(local):
+    root = local.new()
+
+    def rewriting_merge(states):
+        m = merge(states)
+        m["lanes"] = [{**x, "cursor": [0, 0]} for x in m["lanes"]]
+        return m
+
+    aggs = make_aggs(local, root, 2, merge_fn=rewriting_merge)
+    out = run_ranks(aggs, [make_state(r, 2, 1) for r in range(2)])
+    assert isinstance(out[0][0], AggregationError)
+    assert "changed the state of lane 0" in str(out[0][0])
+    assert isinstance(out[1][0], AggregationError) and "changed the state" in str(out[1][0])
     close_all(aggs)
 
 
@@ -369,9 +473,8 @@ def test_lane_mapping_mismatch_raises_at_once(local, corrupt, expected):
     out = run_ranks(aggs, states)
     err, elapsed = out[0]
     assert isinstance(err, AggregationError)
-    assert "rank 2's state in round" in str(
-        err
-    ) and "disagrees with the leader's lane mapping" in str(err)
+    assert "rank 2's state in round" in str(err)
+    assert "disagrees with the leader's lane mapping" in str(err)
     assert expected in str(err)
     assert elapsed < 2.0  # at once, not at the 20 s deadline
     for r in (1, 2, 3):
@@ -383,12 +486,12 @@ def test_lane_mapping_mismatch_raises_at_once(local, corrupt, expected):
     assert_only_the_failure_is_left(local.files(root))
 
 
-def test_follower_arriving_after_the_failure_still_fails_fast_and_a_later_job_is_unaffected(
+def test_follower_arriving_after_the_failure_still_fails_fast_and_a_later_run_is_unaffected(
     local,
 ):
     """The leader fails round 1 at once (a mapping mismatch) before rank 2 even starts:
     rank 2 still joins that round, sees the live leader's notice and fails at once. After
-    the job ends, its notice and announcement are left; the next job ignores them."""
+    the job ends, its notice and announcement are left; the next run ignores them."""
     root = local.new()
     n = 3
     aggs = make_aggs(local, root, n, timeout_s=10.0)
@@ -404,17 +507,17 @@ def test_follower_arriving_after_the_failure_still_fails_fast_and_a_later_job_is
     close_all(aggs)
     assert_only_the_failure_is_left(local.files(root))
 
-    again = make_aggs(local, root, n, timeout_s=10.0)  # a new job, followers first
+    again = make_aggs(local, root, n, timeout_s=10.0)  # the job again, followers first
     states = [make_state(r, n, 2) for r in range(n)]
     out = run_ranks(again, states, delays_s={0: 0.5})
-    assert all(res == merge(states) for res, _ in out), out
+    check_results([res for res, _ in out], states)
     close_all(again)
     assert local.files(root) == []
 
 
 def test_follower_arriving_after_the_failed_leader_closed_waits_out_its_budget(local):
     """Documented limit: with the leader gone, a failed round's notice looks like a dead
-    job's leftover, so a follower that first looks then waits for its deadline (and
+    run's leftover, so a follower that first looks then waits for its deadline (and
     reports the notice it found)."""
     root = local.new()
     n = 3
@@ -469,18 +572,20 @@ def test_follower_with_an_unserialisable_state_fails_the_round_at_once(local):
     assert isinstance(err0, AggregationError)
     assert "rank 1 could not take part in round" in str(err0) and "tuple" in str(err0)
     assert elapsed < 2.0
-    assert isinstance(out[2][0], AggregationError)
+    err2, elapsed2 = out[2]
+    assert isinstance(err2, AggregationError) and "rank 1 ended checkpoint round" in str(err2)
+    assert elapsed2 < 2.0
     close_all(aggs)
 
 
 def test_stale_leader_publish_is_rejected(roots):
-    """A newer round is announced while this leader merges: its fenced publish is refused."""
+    """A newer round is announced while this leader merges: its fenced commit is refused."""
     root = roots.new()
     n = 3
     usurper = roots.store(root)
 
     def merge_while_a_newer_leader_announces(states):
-        usurper.announce(agg.GENERATION_KEY, b"newer-session-1")
+        usurper.announce(KEYS.gen, b"newer-session-1")
         return merge(states)
 
     aggs = make_aggs(roots, root, n, timeout_s=20.0, merge_fn=merge_while_a_newer_leader_announces)
@@ -489,11 +594,12 @@ def test_stale_leader_publish_is_rejected(roots):
     assert isinstance(err, AggregationError)
     assert "cannot publish its merged result" in str(err) and "this leader is stale" in str(err)
     assert isinstance(err.__cause__, StaleRoundError)
-    assert not any(f.startswith("merged-") for f in roots.files(root))
     for r in (1, 2):
         ferr, felapsed = out[r]
         assert isinstance(ferr, AggregationError) and "this leader is stale" in str(ferr)
         assert felapsed < 2.0
+    (decision,) = decisions(roots.files(root))  # the abort, no commit
+    assert read_decision(usurper.get(decision)).kind == "abort"
     close_all(aggs)
 
 
@@ -505,7 +611,7 @@ def test_leader_whose_liveness_lapsed_does_not_publish(local):
 
     def merge_after_a_pause(states):
         if states[0]["step"] == 1:
-            aggs[0]._lease._lost = True  # what the lease reports after a pause over its TTL
+            aggs[0]._side.lease._lost = True  # what the lease reports after a pause over its TTL
         return merge(states)
 
     aggs.extend(make_aggs(local, root, n, timeout_s=10.0, merge_fn=merge_after_a_pause))
@@ -521,42 +627,42 @@ def test_leader_whose_liveness_lapsed_does_not_publish(local):
 
 
 def _record(rid: str, rank: int, n: int, state: dict) -> bytes:
-    return agg._state_record(rid, rank, n, state)
+    return encode(
+        STATE, round_id=rid, job_id=JOB, fingerprint="", rank=rank, world_size=n, state=state
+    )
 
 
-def test_stale_files_from_a_dead_job_are_ignored(roots):
-    """A dead job left an announcement, states (with lanes that would not match), acks, a
-    merged result and its leader key. The followers start first and adopt the stale
-    announcement; the new leader's announcement moves them over; nothing stale counts."""
+def test_stale_files_from_a_dead_run_are_ignored(roots):
+    """A dead run of this job left an announcement, states (with lanes that would not
+    match), a commit and its leader key. The followers start first and adopt the
+    stale announcement; the new leader's announcement moves them over; nothing stale
+    counts."""
     root = roots.new()
     n = 4
     junk = roots.store(root)
-    dead = agg._Announcement("deadbeef0000-7", "deadbeef0000", 7, n)
-    junk.put(agg.ANNOUNCE_KEY, dead.encode())
-    junk.put(agg.GENERATION_KEY, dead.round_id.encode())
-    # Its leader's liveness key: expired, as a dead job's lease is.
-    lease = junk.keep_alive(agg.LEADER_KEY, f"{dead.session} rank=0 pid=1".encode(), 0.05)
+    dead = Announcement("deadbeef0000-7", "deadbeef0000", 7, n, JOB, "")
+    junk.put(KEYS.round, dead.encode())
+    junk.put(KEYS.gen, dead.round_id.encode())
+    # Its leader's liveness key: expired, as a dead run's lease is.
+    lease = junk.keep_alive(KEYS.leader, f"{dead.session} rank=0 pid=1".encode(), 0.05)
     lease._stopped.set()
     lease._thread.join()
     time.sleep(0.06)
-    for r in range(n):
+    for r in range(1, n):
         wrong = make_state(r, n, 0)
         wrong["lanes"] = [{"lane": 99}]  # would be a mapping mismatch if it were counted
-        junk.put(agg.state_key(r, n), _record(dead.round_id, r, n, wrong))
-        junk.put(agg.ack_key(r, n), dead.round_id.encode())
-    junk.put(agg.state_key(2, n), b"not a checkpoint at all")
-    junk.put(agg.merged_key(dead.round_id), b"junk")
-    junk.put(agg.failed_key("deadbeef0000-6"), b"junk")
+        junk.put(KEYS.state(dead.round_id, r), _record(dead.round_id, r, n, wrong))
+    junk.put(KEYS.state(dead.round_id, 2), b"not a checkpoint at all")
+    junk.put(KEYS.decision(dead.round_id), b"junk")
+    junk.put(KEYS.decision("deadbeef0000-6"), b"junk")
 
     aggs = make_aggs(roots, root, n, timeout_s=10.0)
     states = [make_state(r, n, 3) for r in range(n)]
     out = run_ranks(aggs, states, delays_s={0: 0.3})
-    results = [res for res, _ in out]
-    assert all(res == merge(states) for res in results), results
+    check_results([res for res, _ in out], states)
     close_all(aggs)
-    left = set(roots.files(root))
-    # Keys the dead job left under names this job never uses stay; the rest was replaced.
-    assert left == {agg.merged_key(dead.round_id), agg.failed_key("deadbeef0000-6")}
+    # Keys the dead run left under names this run never uses stay; the rest was replaced.
+    assert set(roots.files(root)) == {KEYS.decision("deadbeef0000-6")}
 
 
 def test_stale_announcement_alone_does_not_make_followers_fail(local):
@@ -565,8 +671,8 @@ def test_stale_announcement_alone_does_not_make_followers_fail(local):
     root = local.new()
     n = 3
     junk = local.store(root)
-    dead = agg._Announcement("feedface0000-2", "feedface0000", 2, n)
-    junk.put(agg.ANNOUNCE_KEY, dead.encode())
+    dead = Announcement("feedface0000-2", "feedface0000", 2, n, JOB, "")
+    junk.put(KEYS.round, dead.encode())
     aggs = make_aggs(local, root, n, timeout_s=5.0, lease_ttl_s=0.2)
     out = run_ranks(aggs, [make_state(r, n, 1) for r in range(n)], delays_s={0: 0.6})
     assert all(isinstance(res, dict) for res, _ in out), out
@@ -580,10 +686,10 @@ def test_follower_fails_when_its_leader_vanishes(roots):
     n = 3
     ttl = 0.4
     leader_store = roots.store(root)
-    ann = agg._Announcement("cafe00000000-1", "cafe00000000", 1, n)
-    lease = leader_store.keep_alive(agg.LEADER_KEY, f"{ann.session} rank=0 pid=1".encode(), ttl)
-    leader_store.announce(agg.GENERATION_KEY, ann.round_id.encode())
-    leader_store.put(agg.ANNOUNCE_KEY, ann.encode())
+    ann = Announcement("cafe00000000-1", "cafe00000000", 1, n, JOB, "")
+    lease = leader_store.keep_alive(KEYS.leader, f"{ann.session} rank=0 pid=1".encode(), ttl)
+    leader_store.announce(KEYS.gen, ann.round_id.encode())
+    leader_store.put(KEYS.round, ann.encode())
     aggs = make_aggs(roots, root, n, timeout_s=20.0, lease_ttl_s=ttl)
 
     def die():
@@ -599,16 +705,22 @@ def test_follower_fails_when_its_leader_vanishes(roots):
     for r in (1, 2):
         err, elapsed = out[r]
         assert isinstance(err, AggregationError)
-        assert f"[rank={r}] the leader (rank 0) of round {ann.round_id} is gone" in str(err)
+        # Its own finding, or the first follower's that gave up (its notice ends the round).
+        assert str(err).startswith(f"[rank={r}] ")
+        assert f"the leader (rank 0) of round {ann.round_id} is gone" in str(err)
         assert "did rank 0 die?" in str(err)
         assert elapsed < 0.3 + 3 * ttl
+    # The followers decided the round as failed: a leader that was only paused cannot
+    # commit it now.
+    assert leader_store.create(KEYS.decision(ann.round_id), b"late commit") is not None
     for a in aggs[1:]:
         a.close()
 
 
-def test_one_budget_for_the_whole_round(local):
+def test_one_budget_for_the_whole_round_and_the_ranks_agree(local):
     """The leader is late and then slow to merge: the follower's budget counts from its own
-    call, so it fails at timeout_s, not timeout_s after the announcement."""
+    call, so it gives up at timeout_s, not timeout_s after the announcement; and because it
+    decided the round as failed, the leader cannot commit it afterwards: both fail."""
     root = local.new()
     n = 2
 
@@ -616,7 +728,7 @@ def test_one_budget_for_the_whole_round(local):
         time.sleep(1.0)
         return merge(states)
 
-    aggs = make_aggs(local, root, n, timeout_s=[2.0, 1.0], merge_fn=slow_merge)
+    aggs = make_aggs(local, root, n, timeout_s=[3.0, 1.0], merge_fn=slow_merge)
     out = run_ranks(aggs, [make_state(r, n, 1) for r in range(n)], delays_s={0: 0.5})
     err, elapsed = out[1]
     assert isinstance(err, AggregationError)
@@ -624,7 +736,10 @@ def test_one_budget_for_the_whole_round(local):
     assert "timed out after 1 s waiting for the merged result from the leader (rank 0)" in str(err)
     assert local.store(root).describe() in str(err)
     assert 1.0 <= elapsed < 1.4
-    assert isinstance(out[0][0], dict)  # the leader publishes anyway; rank 1 never acks
+    lead = out[0][0]
+    assert isinstance(lead, AggregationError), "the leader must not succeed where rank 1 failed"
+    assert "ended before this leader could commit it" in str(lead)
+    assert "rank 1" in str(lead) and "timed out after 1 s" in str(lead)
     close_all(aggs)
 
 
@@ -637,7 +752,7 @@ def test_follower_without_a_leader_says_what_it_waited_for(local):
     assert "waiting for the leader (rank 0) to announce a round in" in str(err)
     assert "Has rank 0 called checkpoint() at this step?" in str(err)
     assert 0.3 <= elapsed < 1.0
-    assert local.files(root) == []  # the follower removed its state
+    assert local.files(root) == []  # the follower left nothing behind
 
 
 def test_leader_abandoning_a_round_fails_its_followers(local):
@@ -645,13 +760,13 @@ def test_leader_abandoning_a_round_fails_its_followers(local):
     root = local.new()
     n = 2
     s = local.store(root)
-    ann1 = agg._Announcement("abcabc000000-1", "abcabc000000", 1, n)
-    s.put(agg.ANNOUNCE_KEY, ann1.encode())
+    ann1 = Announcement("abcabc000000-1", "abcabc000000", 1, n, JOB, "")
+    s.put(KEYS.round, ann1.encode())
     follower = make_aggs(local, root, n, timeout_s=5.0)[1]
 
     def move_on():
         time.sleep(0.2)
-        s.put(agg.ANNOUNCE_KEY, agg._Announcement("abcabc000000-2", "abcabc000000", 2, n).encode())
+        s.put(KEYS.round, Announcement("abcabc000000-2", "abcabc000000", 2, n, JOB, "").encode())
 
     t = threading.Thread(target=move_on)
     t.start()
@@ -674,6 +789,8 @@ def test_constructor_validation(local):
         Aggregator(s, rank=0, world_size=2, **{**kw, "timeout_s": 0})
     with pytest.raises(ValueError, match="lease_ttl_s must be > 0"):
         Aggregator(s, rank=0, world_size=2, lease_ttl_s=-1, **kw)
+    with pytest.raises(ValueError, match="job_id= must be a non-empty str"):
+        Aggregator(s, rank=0, world_size=2, job_id="", **kw)
 
 
 def test_single_rank_round_and_close_is_idempotent(local):
@@ -692,7 +809,7 @@ def test_single_rank_round_and_close_is_idempotent(local):
 def test_leader_logs_are_prefixed_with_the_rank(local, caplog):
     root = local.new()
     aggs = make_aggs(local, root, 2, timeout_s=0.2)
-    with caplog.at_level(logging.DEBUG, logger="zephon.checkpoint.aggregate"):
+    with caplog.at_level(logging.DEBUG, logger="zephon"):
         run_ranks(aggs, [make_state(0, 2, 1), None])
     assert caplog.messages and all(m.startswith("[rank=0] ") for m in caplog.messages)
     close_all(aggs)

@@ -209,3 +209,50 @@ def test_open_store_missing_backend_is_a_clear_import_error(monkeypatch, url, mo
     monkeypatch.setattr(importlib, "import_module", fake_import)
     with pytest.raises(ImportError, match=rf"aggregate_store='{url}' needs .*{module}.*install"):
         open_store(aggregate_store=url)
+
+
+def test_open_store_etcd_with_a_blob_location(tmp_path):
+    from zephon.checkpoint.stores.split import SplitStore
+
+    store = open_store(aggregate_store=f"etcd://10.0.0.1:2379/job7?blobs={tmp_path}")
+    assert isinstance(store, SplitStore)
+    assert store.control.namespace == "job7/"
+    assert store.describe() == f"etcd://10.0.0.1:2379 (states in {tmp_path / 'job7'})"
+    # A round's state records go to the directory, everything else to etcd.
+    assert store._for("j0a1b.p00ff.s.abc-1.3") is store.blobs
+    assert store._for("j0a1b.p00ff.c.d.abc-1") is store.control
+    assert store._for("j0a1b.p00ff-m.abc-1") is store.blobs  # the records kept for shares
+    assert store.watch("j0a1b.p00ff.") is None, "no watch over a prefix holding states"
+    store.close()
+    with pytest.raises(ValueError, match="the only option is blobs="):
+        open_store(aggregate_store="etcd://10.0.0.1:2379?blob=/x")
+    with pytest.raises(ValueError, match="the only option is blobs="):
+        open_store(aggregate_store="etcd://10.0.0.1:2379?blobs=")
+
+
+def test_create_is_won_once_and_tells_the_losers_the_winner(store):
+    assert store.create("d", b"first") is None
+    assert store.create("d", b"second") == b"first"
+    assert store.get("d") == b"first"
+    assert store.create("empty", b"") is None  # (a full disk still takes an empty file)
+    assert store.get("empty") == b""
+    store.delete("d")
+    assert store.create("d", b"again") is None
+
+
+def test_list_and_delete_prefix(store):
+    for k in ("p.s.1", "p.s.2", "p.c.x", "q.s.1"):
+        store.put(k, b"v")
+    assert store.list_keys("p.s.") == ["p.s.1", "p.s.2"]
+    store.delete_prefix("p.s.")
+    assert store.list_keys("p.") == ["p.c.x"] and store.get("q.s.1") == b"v"
+
+
+def test_counters_count_requests_and_bytes(store):
+    before = store.counters.snapshot()
+    store.put("k", b"12345")
+    assert store.get("k") == b"12345"
+    after = store.counters.snapshot()
+    assert after["requests"] - before["requests"] == 2
+    assert after["bytes_written"] - before["bytes_written"] == 5
+    assert after["bytes_read"] - before["bytes_read"] >= 5

@@ -71,3 +71,12 @@ class PlainHandle:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(key={self.key!r})"
+
+
+def plain_keep_alive(store: Any, key: str, value: bytes) -> PlainHandle:
+    """``keep_alive`` for a store without leases: a plain put. ``exclusive`` is not
+    honoured there: a dead holder's key never expires (torchrun's agent store outlives a
+    restarted rank), so refusing to overwrite it would lock a restarted job out; these
+    stores belong to one job anyway (its coordinator), so no other job shares them."""
+    store.put(key, value)
+    return PlainHandle(store, key)

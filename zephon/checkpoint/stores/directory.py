@@ -9,20 +9,31 @@ Every key is one file under ``root/namespace``. Two ways to make a put atomic:
   marker ``{key}.commit`` holding the data's length and sha256. ``get`` returns None unless
   the marker is there *and* matches the data, so a torn or in-progress write reads as absent.
 
+``create`` (write only if absent) is a hard link of a fully written temp file onto the key
+(``link`` fails with EEXIST when the key exists: atomic on local filesystems and NFS), so
+exactly one of several racing writers wins and the others read its value. An empty value
+needs no data block, so a rank can still create an (empty) notice on a full disk. Over
+fsspec it is ``pipe_file(marker, mode="create")`` of the commit marker before the data:
+conditional where the backend supports it (local, memory, object stores with conditional
+writes), a check then a write where it does not.
+
 Fencing is best effort: ``announce`` returns the announced bytes as the token and a fenced
-``put`` re-reads the key and compares, which leaves a window between the check and the write.
-Real fencing (a transaction on the key's revision) needs etcd.
+write re-reads the key and compares, which leaves a window between the check and the write.
+Where two writers race for one decision, ``create`` (not the fence) settles it.
 
 Leases are emulated: ``keep_alive`` writes the value framed with an expiry (wall clock) and a
 background thread rewrites it every ``ttl_s / 3``; ``get`` reads an expired value as absent.
 A SIGKILLed holder therefore disappears ``ttl_s`` later, provided the hosts sharing the
-directory agree on the time to well within ``ttl_s`` (NTP).
+directory agree on the time to well within ``ttl_s`` (NTP). ``lost`` is computed from the
+clock, so a holder that was paused past its expiry knows, even before its thread runs.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
+import logging
 import math
 import os
 import re
@@ -32,9 +43,12 @@ import time
 from typing import Any
 
 from zephon.checkpoint.atomic import atomic_write_bytes, temp_path
-from zephon.checkpoint.stores.base import StaleRoundError
+from zephon.checkpoint.stores.base import KeyHeldError, StaleRoundError, StoreCounters
+from zephon.errors import AggregationError
 
 __all__ = ["DirectoryStore"]
+
+log = logging.getLogger(__name__)
 
 # Keys are plain file names: no separators, no leading dot (temp files start with one), and
 # nothing ending in the commit marker's suffix.
@@ -42,6 +56,7 @@ _KEY = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,199}")
 _COMMIT = ".commit"
 _LEASE_MAGIC = b"ZLEASE01"
 _LEASE_HEADER = struct.Struct("<8sd")  # magic, expiry (unix seconds; inf = never)
+_CREATE_SETTLE_S = 1.0  # fsspec: how long a loser waits for the winner's data to land
 
 
 class _Fence:
@@ -94,8 +109,14 @@ class _Lease:
                 _ = self.lost  # notice a lapse before refreshing hides it
                 try:
                     self._refresh()
-                except Exception:
-                    pass  # a missed refresh is retried; ttl_s covers two of them
+                except Exception as e:  # a missed refresh is retried; ttl_s covers two
+                    log.warning(
+                        "%scould not refresh %r in %s: %s",
+                        self._store.log_prefix,
+                        self._key,
+                        self._store.describe(),
+                        e,
+                    )
 
     def stop(self) -> None:
         """Stop refreshing and delete the key; idempotent."""
@@ -113,8 +134,7 @@ class DirectoryStore:
     Args:
         root: a local or shared-filesystem directory, or an fsspec URL (``s3://bucket/dir``,
             ``memory://name``); ``file://`` URLs are treated as local paths.
-        namespace: a subdirectory of ``root``; ranks of one job must agree on it, and two
-            jobs running at once must not share it.
+        namespace: a subdirectory of ``root``; ranks of one job must agree on it.
         fsync: local paths only: also fsync each written file and the directory, making
             every key durable against a power cut. Off by default: coordination keys only
             need the rename's atomicity (a round does not survive a reboot, and what one
@@ -137,6 +157,8 @@ class DirectoryStore:
         self._namespace = namespace
         self._fsync = fsync
         self._fs: Any = None
+        self.counters = StoreCounters()
+        self.log_prefix = ""  # the round sets "[rank=N] " so the lease's warnings name it
         if "://" in root:
             import fsspec
 
@@ -166,49 +188,69 @@ class DirectoryStore:
                 ``announce`` wrote (a newer round was announced).
         """
         self._check_key(key)
-        if fence is not None:
-            if not isinstance(fence, _Fence):
-                raise TypeError(f"fence must come from this store's announce(); got {fence!r}")
-            current = self.get(fence.key)
-            if current != fence.value:
-                raise StaleRoundError(
-                    f"fenced write of {key!r} refused: {fence.key!r} in {self.describe()} was"
-                    " announced again (or removed) since this round announced it"
-                )
-        if value[: len(_LEASE_MAGIC)] == _LEASE_MAGIC:
-            # A plain value that happens to look like a lease frame: wrap it in one that
-            # never expires, so get() unwraps it back to exactly ``value``.
-            value = _LEASE_HEADER.pack(_LEASE_MAGIC, math.inf) + value
-        self._write(key, value)
+        self._check_fence(key, fence)
+        self._write(key, _frame(value))
+
+    def create(self, key: str, value: bytes, *, fence: Any = None) -> bytes | None:
+        """Write ``key`` only if absent (see the module docstring); None when this call
+        created it, else the value that was there first."""
+        self._check_key(key)
+        self._check_fence(key, fence)
+        data = _frame(value)
+        for _ in range(3):
+            if self._fs is None:
+                won = self._create_local(key, data)
+            else:
+                won = self._create_fsspec(key, data)
+            if won:
+                return None
+            existing = self.get(key)
+            if existing is not None:
+                return existing
+            # deleted between our attempt and our read: try again
+        raise AggregationError(
+            f"could not create {key!r} in {self.describe()}: it was created and removed"
+            " three times while this rank tried; is another job using this namespace?"
+        )
 
     def get(self, key: str) -> bytes | None:
         """The value, or None when absent (an uncommitted or expired one counts as absent)."""
         self._check_key(key)
         data = self._read(key)
-        if data is None or data[: len(_LEASE_MAGIC)] != _LEASE_MAGIC:
-            return data
-        if len(data) < _LEASE_HEADER.size:
-            return None
-        _, expiry = _LEASE_HEADER.unpack_from(data)
-        if time.time() > expiry:
-            return None
-        return data[_LEASE_HEADER.size :]
+        return None if data is None else _unframe(data)
 
     def delete(self, key: str) -> None:
         """Remove ``key``; absent is fine."""
         self._check_key(key)
-        path = self._path(key)
+        self._unlink(key)
+
+    def list_keys(self, prefix: str) -> list[str]:
+        """The keys that start with ``prefix`` (committed ones, over fsspec), sorted."""
+        self.counters.add(requests=1)
         if self._fs is None:
             try:
-                os.unlink(path)
+                with os.scandir(self._base) as it:
+                    names = [e.name for e in it if e.name.startswith(prefix)]
             except FileNotFoundError:
-                pass
-            return
-        for p in (path + _COMMIT, path):  # marker first: a reader never trusts stale data
-            try:
-                self._fs.rm_file(p)
-            except FileNotFoundError:
-                pass
+                return []
+            return sorted(n for n in names if _KEY.fullmatch(n))
+        try:
+            paths = self._fs.ls(self._base, detail=False)
+        except FileNotFoundError:
+            return []
+        found = {p.rstrip("/").rsplit("/", 1)[-1] for p in paths}
+        return sorted(
+            n
+            for n in found
+            if n.startswith(prefix) and not n.endswith(_COMMIT) and n + _COMMIT in found
+        )
+
+    def delete_prefix(self, prefix: str) -> None:
+        """Remove every key that starts with ``prefix``."""
+        if not prefix:
+            raise ValueError("delete_prefix needs a non-empty prefix")
+        for key in self.list_keys(prefix):
+            self._unlink(key)
 
     def announce(self, key: str, value: bytes) -> _Fence:
         """Put ``key``; the returned fence lets ``put`` check that it is still current.
@@ -218,15 +260,25 @@ class DirectoryStore:
         self.put(key, value)
         return _Fence(key, bytes(value))
 
-    def keep_alive(self, key: str, value: bytes, ttl_s: float) -> _Lease:
+    def keep_alive(
+        self, key: str, value: bytes, ttl_s: float, *, exclusive: bool = False
+    ) -> _Lease:
         """Put ``key`` and refresh it every ``ttl_s / 3`` until the handle's ``stop()``.
 
         After ``stop()`` the key is gone; after the holder's death it reads as absent
         ``ttl_s`` later.
+
+        Raises:
+            KeyHeldError: ``exclusive`` and the key holds a live value (checked, then put:
+                two holders starting within the same moment are not told apart).
         """
         self._check_key(key)
         if not ttl_s > 0:
             raise ValueError(f"ttl_s must be > 0; got {ttl_s!r}")
+        if exclusive:
+            held = self.get(key)
+            if held is not None:
+                raise KeyHeldError(key, held, self.describe())
         lease = _Lease(self, key, bytes(value), float(ttl_s))
         with self._leases_lock:
             self._leases = [x for x in self._leases if not x._stopped.is_set()]
@@ -255,6 +307,18 @@ class DirectoryStore:
                 f"store key must match {_KEY.pattern} and not end in {_COMMIT!r}; got {key!r}"
             )
 
+    def _check_fence(self, key: str, fence: Any) -> None:
+        if fence is None:
+            return
+        if not isinstance(fence, _Fence):
+            raise TypeError(f"fence must come from this store's announce(); got {fence!r}")
+        current = self.get(fence.key)
+        if current != fence.value:
+            raise StaleRoundError(
+                f"fenced write of {key!r} refused: {fence.key!r} in {self.describe()} was"
+                " announced again (or removed) since this round announced it"
+            )
+
     def _path(self, key: str) -> str:
         if self._fs is None:
             return os.path.join(self._base, key)
@@ -262,6 +326,7 @@ class DirectoryStore:
 
     def _write(self, key: str, data: bytes) -> None:
         path = self._path(key)
+        self.counters.add(requests=1, written=len(data))
         if self._fs is None:
             if self._fsync:
                 atomic_write_bytes(path, data)
@@ -279,14 +344,63 @@ class DirectoryStore:
         self._fs.pipe_file(path, data)
         self._fs.pipe_file(path + _COMMIT, _marker(data))
 
+    def _create_local(self, key: str, data: bytes) -> bool:
+        path = self._path(key)
+        self.counters.add(requests=1, written=len(data))
+        tmp = temp_path(path)
+        try:
+            with open(tmp, "xb") as f:
+                f.write(data)
+                if self._fsync:
+                    f.flush()
+                    os.fsync(f.fileno())
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                return False
+            except OSError as e:
+                if e.errno not in _NO_LINK:
+                    raise
+                return self._create_exclusive(path, data)  # a filesystem without hard links
+            return True
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+
+    def _create_exclusive(self, path: str, data: bytes) -> bool:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        return True
+
+    def _create_fsspec(self, key: str, data: bytes) -> bool:
+        path = self._path(key)
+        self.counters.add(requests=2, written=len(data))
+        try:
+            # The marker claims the key; until the data matches it, readers see "absent".
+            self._fs.pipe_file(path + _COMMIT, _marker(data), mode="create")
+        except FileExistsError:
+            deadline = time.monotonic() + _CREATE_SETTLE_S
+            while self._read(key) is None and time.monotonic() < deadline:
+                time.sleep(self.poll_interval_s)
+            return False
+        self._fs.pipe_file(path, data)
+        return True
+
     def _read(self, key: str) -> bytes | None:
         path = self._path(key)
+        self.counters.add(requests=1)
         if self._fs is None:
             try:
                 with open(path, "rb") as f:
-                    return f.read()
+                    data = f.read()
             except FileNotFoundError:
                 return None
+            self.counters.add(read=len(data))
+            return data
         # Marker first, then data: a value whose marker describes other bytes is a write in
         # progress (or one that died half way) and reads as absent.
         try:
@@ -294,7 +408,47 @@ class DirectoryStore:
             data = self._fs.cat_file(path)
         except FileNotFoundError:
             return None
+        self.counters.add(read=len(data))
         return bytes(data) if marker == _marker(data) else None
+
+    def _unlink(self, key: str) -> None:
+        path = self._path(key)
+        self.counters.add(requests=1)
+        if self._fs is None:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+            return
+        for p in (path + _COMMIT, path):  # marker first: a reader never trusts stale data
+            try:
+                self._fs.rm_file(p)
+            except FileNotFoundError:
+                pass
+
+
+# link() refused by the filesystem (FAT, some FUSE and SMB mounts): fall back to O_EXCL
+_NO_LINK = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV}
+
+
+def _frame(value: bytes) -> bytes:
+    """A plain value that happens to look like a lease frame is wrapped in one that never
+    expires, so ``get`` unwraps it back to exactly ``value``."""
+    value = bytes(value)
+    if value[: len(_LEASE_MAGIC)] == _LEASE_MAGIC:
+        return _LEASE_HEADER.pack(_LEASE_MAGIC, math.inf) + value
+    return value
+
+
+def _unframe(data: bytes) -> bytes | None:
+    if data[: len(_LEASE_MAGIC)] != _LEASE_MAGIC:
+        return data
+    if len(data) < _LEASE_HEADER.size:
+        return None
+    _, expiry = _LEASE_HEADER.unpack_from(data)
+    if time.time() > expiry:
+        return None
+    return data[_LEASE_HEADER.size :]
 
 
 def _marker(data: bytes) -> bytes:

@@ -13,11 +13,14 @@ Quirks handled here:
   every key is stored with a ``"#"`` suffix: ``"a#"`` and ``"a/b#"`` are never parent and
   child.
 * Without ``allow_overwrite=True`` a second set raises ``ALREADY_EXISTS``.
-* The service has no practical value-size limit (hundreds of MiB went through in testing),
-  no leases and no compare-and-set: ``announce`` returns None (no fencing) and
-  ``keep_alive`` puts plainly, returning a handle whose ``stop()`` deletes the key. A dead
-  leader is noticed through the failure notice, the round's time budget, and JAX's own
-  heartbeat, which ends a job whose task died.
+* The service has no practical value-size limit (hundreds of MiB went through in testing)
+  and no leases: ``announce`` returns None (no fencing) and ``keep_alive`` puts plainly,
+  returning a handle whose ``stop()`` deletes the key. A dead leader is noticed through the
+  failure notice, the round's time budget, and JAX's own heartbeat, which ends a job whose
+  task died.
+* ``create`` is ``key_value_set_bytes`` without ``allow_overwrite``: the service refuses
+  it with ``ALREADY_EXISTS`` when the key exists, and the loser then reads the winner's
+  value.
 * The client has no per-request timeout: a SIGSTOPped coordinator blocked
   ``key_value_try_get_bytes`` for over 40 s in testing. Every call therefore runs on a
   daemon worker thread and the caller waits at most ``request_timeout_s``; a call that
@@ -31,7 +34,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from zephon.checkpoint.stores._bounded import BoundedWorker, PlainHandle
+from zephon.checkpoint.stores._bounded import BoundedWorker, PlainHandle, plain_keep_alive
+from zephon.checkpoint.stores.base import StoreCounters
 from zephon.errors import AggregationError
 
 DEFAULT_NAMESPACE = "zephon/"
@@ -90,6 +94,8 @@ class JaxStore:
         self.request_timeout_s = float(request_timeout_s)
         self.poll_interval_s = float(poll_interval_s)
         self._worker = BoundedWorker("zephon-jax-store", lambda: None)
+        self.counters = StoreCounters()
+        self.log_prefix = ""
 
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> JaxStore:
@@ -114,6 +120,7 @@ class JaxStore:
 
     def _call(self, what: str, fn: Callable[[], Any], absent: Any = None) -> Any:
         """``fn()`` on the worker within ``request_timeout_s``; NOT_FOUND -> ``absent``."""
+        self.counters.add(requests=1)
         try:
             return self._worker.run(lambda _: fn(), self.request_timeout_s)
         except TimeoutError:
@@ -134,14 +141,37 @@ class JaxStore:
     def put(self, key: str, value: bytes, *, fence: Any = None) -> None:
         # fence: announce() returns None here, so there is nothing to check
         k, v = self._key(key), bytes(value)
+        self.counters.add(written=len(v))
         self._call(
             f"put {key!r}", lambda: self._client.key_value_set_bytes(k, v, allow_overwrite=True)
+        )
+
+    def create(self, key: str, value: bytes, *, fence: Any = None) -> bytes | None:
+        """Write ``key`` only if absent: None when created, else the value already there."""
+        k, v = self._key(key), bytes(value)
+        self.counters.add(written=len(v))
+        for _ in range(3):
+            try:
+                self._call(f"create {key!r}", lambda: self._client.key_value_set_bytes(k, v))
+                return None
+            except AggregationError as e:
+                if "ALREADY_EXISTS" not in str(e):
+                    raise
+            existing = self.get(key)
+            if existing is not None:
+                return existing
+        raise AggregationError(
+            f"could not create {key!r} on {self._where}: it was created and removed three"
+            " times while this rank tried"
         )
 
     def get(self, key: str) -> bytes | None:
         k = self._key(key)
         value = self._call(f"get {key!r}", lambda: self._client.key_value_try_get_bytes(k))
-        return None if value is None else bytes(value)
+        if value is None:
+            return None
+        self.counters.add(read=len(value))
+        return bytes(value)
 
     def delete(self, key: str) -> None:
         k = self._key(key)
@@ -151,9 +181,10 @@ class JaxStore:
         self.put(key, value)
         return None
 
-    def keep_alive(self, key: str, value: bytes, ttl_s: float) -> PlainHandle:
-        self.put(key, value)
-        return PlainHandle(self, key)
+    def keep_alive(
+        self, key: str, value: bytes, ttl_s: float, *, exclusive: bool = False
+    ) -> PlainHandle:
+        return plain_keep_alive(self, key, value)
 
     def close(self) -> None:
         """Stops the worker thread; the coordination service belongs to jax.distributed."""

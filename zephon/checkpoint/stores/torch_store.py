@@ -36,6 +36,9 @@ Quirks handled here:
   them without reading the value. Values carry one tag byte (inline or manifest).
 * No leases and no fencing here: ``announce`` returns None and ``keep_alive`` puts plainly,
   returning a handle whose ``stop()`` deletes the key.
+* ``create`` is ``compare_set(key, b"", value)``: the server sets the key only when it is
+  absent and answers with the value it holds afterwards, so the caller won when that is
+  its own value.
 """
 
 from __future__ import annotations
@@ -47,7 +50,8 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from zephon.checkpoint.stores._bounded import BoundedWorker, PlainHandle
+from zephon.checkpoint.stores._bounded import BoundedWorker, PlainHandle, plain_keep_alive
+from zephon.checkpoint.stores.base import StoreCounters
 from zephon.errors import AggregationError
 
 DEFAULT_NAMESPACE = "zephon"
@@ -184,6 +188,8 @@ class TorchStore:
         self.request_timeout_s = float(request_timeout_s)
         self.part_size_bytes = int(part_size_bytes)
         self.poll_interval_s = float(poll_interval_s)
+        self.counters = StoreCounters()
+        self.log_prefix = ""
 
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> TorchStore:
@@ -230,6 +236,7 @@ class TorchStore:
         for a fresh one, as it is after a network error (a TCPStore client never recovers
         from one)."""
         limit_s = self.request_timeout_s + 1.0  # get() itself may wait request_timeout_s
+        self.counters.add(requests=1)
         try:
             return self._worker.run(fn, limit_s)
         except TimeoutError:
@@ -249,6 +256,7 @@ class TorchStore:
         self._worker = BoundedWorker("zephon-torch-store", self._connect)
 
     def _set(self, key: str, value: bytes, what: str) -> None:
+        self.counters.add(written=len(value))
         self._run(lambda st: st.set(key, value), what)
 
     def _get(self, key: str, what: str) -> bytes | None:
@@ -266,6 +274,7 @@ class TorchStore:
                 st.set_timeout(timedelta(seconds=self.request_timeout_s))
             if not value:  # never Zephon's: deleted while get() ran (see the module doc)
                 raise _Vanished
+            self.counters.add(read=len(value))
             return value
 
         try:
@@ -302,40 +311,74 @@ class TorchStore:
         if old is not None:
             self._delete_parts(key, old)
 
+    def create(self, key: str, value: bytes, *, fence: Any = None) -> bytes | None:
+        """Write ``key`` only if absent (``compare_set``): None when created, else the
+        value already there."""
+        value = bytes(value)
+        parts: tuple[str, int] | None = None
+        if len(value) + 1 <= self.part_size_bytes:
+            desired = _TAG_INLINE + value
+        else:
+            nonce = os.urandom(8).hex()
+            n = -(-len(value) // self.part_size_bytes)
+            for i in range(n):
+                chunk = value[i * self.part_size_bytes : (i + 1) * self.part_size_bytes]
+                self._set(f"{key}#part/{nonce}/{i}", chunk, f"create part {i + 1}/{n} of {key!r}")
+            manifest = json.dumps({"nonce": nonce, "parts": n, "size": len(value)}).encode()
+            desired = _TAG_MANIFEST + manifest
+            parts = (nonce, n)
+        self.counters.add(written=len(desired))
+        held = bytes(
+            self._run(lambda st: st.compare_set(key, b"", desired), f"create {key!r}") or b""
+        )
+        if held == desired:
+            if parts is not None:
+                self._set(key + "#split", desired[1:], f"create {key!r}")
+            return None
+        if parts is not None:
+            self._delete_parts(key, json.dumps({"nonce": parts[0], "parts": parts[1]}).encode())
+        return self._decode(key, held)
+
     def get(self, key: str) -> bytes | None:
         for _ in range(_READ_RETRIES):
             raw = self._get(key, f"get {key!r}")
             if raw is None:
                 return None
-            tag, body = raw[:1], raw[1:]
-            if tag == _TAG_INLINE:
-                return body
-            if tag != _TAG_MANIFEST:
-                raise AggregationError(
-                    f"key {key!r} in {self._where} holds a value not written by Zephon "
-                    f"(first byte {raw[:1]!r}); is another tool using namespace "
-                    f"{self.namespace!r}?"
-                )
-            manifest = json.loads(body)
-            chunks = []
-            for i in range(manifest["parts"]):
-                chunk = self._get(f"{key}#part/{manifest['nonce']}/{i}", f"get {key!r}")
-                if chunk is None:
-                    break  # overwritten while we read: read the new manifest
-                chunks.append(chunk)
-            else:
-                value = b"".join(chunks)
-                if len(value) != manifest["size"]:
-                    raise AggregationError(
-                        f"the parts of {key!r} in {self._where} add up to {len(value)} bytes, "
-                        f"not the {manifest['size']} of their manifest: the value is corrupt"
-                    )
+            value = self._decode(key, raw)
+            if value is not None:
                 return value
             time.sleep(self.poll_interval_s)
         raise AggregationError(
             f"could not read the parts of {key!r} from {self._where} after {_READ_RETRIES} "
             f"tries: it is being overwritten faster than it can be read"
         )
+
+    def _decode(self, key: str, raw: bytes) -> bytes | None:
+        """A stored value back to the caller's bytes; None if its parts vanished (it was
+        overwritten while we read)."""
+        tag, body = raw[:1], raw[1:]
+        if tag == _TAG_INLINE:
+            return body
+        if tag != _TAG_MANIFEST:
+            raise AggregationError(
+                f"key {key!r} in {self._where} holds a value not written by Zephon "
+                f"(first byte {raw[:1]!r}); is another tool using namespace "
+                f"{self.namespace!r}?"
+            )
+        manifest = json.loads(body)
+        chunks = []
+        for i in range(manifest["parts"]):
+            chunk = self._get(f"{key}#part/{manifest['nonce']}/{i}", f"get {key!r}")
+            if chunk is None:
+                return None  # overwritten while we read: read the new manifest
+            chunks.append(chunk)
+        value = b"".join(chunks)
+        if len(value) != manifest["size"]:
+            raise AggregationError(
+                f"the parts of {key!r} in {self._where} add up to {len(value)} bytes, "
+                f"not the {manifest['size']} of their manifest: the value is corrupt"
+            )
+        return value
 
     def delete(self, key: str) -> None:
         old = self._get(key + "#split", f"delete {key!r}")
@@ -353,9 +396,10 @@ class TorchStore:
         self.put(key, value)
         return None
 
-    def keep_alive(self, key: str, value: bytes, ttl_s: float) -> PlainHandle:
-        self.put(key, value)
-        return PlainHandle(self, key)
+    def keep_alive(
+        self, key: str, value: bytes, ttl_s: float, *, exclusive: bool = False
+    ) -> PlainHandle:
+        return plain_keep_alive(self, key, value)
 
     def close(self) -> None:
         """Stops the worker thread. A server this store hosts (rank 0 under torchrun

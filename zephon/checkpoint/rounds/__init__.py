@@ -1,0 +1,99 @@
+"""Multi-rank checkpoint rounds: every rank's state merged through a shared store.
+
+The leader/follower round of the seed page ("Multi-rank aggregation"), over any
+:class:`~zephon.checkpoint.stores.base.Store`, at any world size. The leader is global
+rank 0. The entry point is :class:`zephon.checkpoint.aggregate.Aggregator`; this package
+holds its parts: ``keys`` (where everything lives, what the records hold), ``job`` (the job
+id), ``wait`` (one budget, backoff, watches), ``leader``, ``follower``, ``context`` (what
+both share: deciding a round, probing the store).
+
+Leader::
+
+    keep_alive("c.leader", exclusive)     once, held until close(): followers see it alive;
+                                          a live key of another session is a second leader
+    announce("c.gen") -> fence            the generation every committing write is fenced on
+    put("c.round")                        the announcement: round id, world size, job id,
+                                          pipeline fingerprint
+    wait until every rank r wrote "s.<id>.r", reporting exactly expected_lanes(r) (its DP
+        group's lanes); a state that disagrees with the lane mapping, or belongs to another
+        job or pipeline, raises at once; a follower's abort (the decision key) or a vanished
+        generation ends the wait at once
+    delete("c.round")                     the round is closed
+    merge; create("c.d.<id>", commit manifest, fence)
+                                          the commit: the merged state's header (no lanes)
+                                          and one 8-byte digest per rank's state record
+    put("-m.<id>", the states' records)   for the followers' shares (read only on demand)
+    wait until every "s.<id>.r" is gone (a follower's acknowledgement)
+    delete the previous round's commit and -m.<id>; compact the store's history (etcd)
+
+Follower r::
+
+    watch "c." (etcd) or poll it with backoff (directory, TCPStore, JAX)
+    read "c.round" -> round id; create("s.<id>.r", state record)
+    wait for "c.d.<id>": a commit whose digest for rank r is this rank's record -> the
+        result; an abort -> fail with its reason
+    delete("s.<id>.r")                    the acknowledgement (nobody reads the state now)
+
+**What a rank gets back.** The leader returns the merged state (every lane). A follower
+returns its *share*: the merged state's header (format, fingerprint, topology, the
+round-robin positions of every DP group: everything but the lanes) with its own lanes,
+which the leader checked are the lanes it merged, and a ``"share"`` entry naming the round.
+So a follower reads a manifest of O(W) small entries, never the other ranks' lanes: on
+the wire a round is the ranks' states going to the leader and one commit manifest coming
+back. The share is a :class:`zephon.checkpoint.share.Share` (a ``dict``) that can still
+become the whole merged state: the leader leaves every rank's state record (as it
+received them, already encoded) under ``-m.<id>`` (beside the prefix) until
+the next round is acknowledged (or close()), and ``zephon.save`` of a share, or a
+``restore`` of it on lanes it does not hold, reads them from there. So a follower's result
+saves and restores on any rank and any world size, as before; only a rank that saves it
+pays for reading every lane.
+
+**One decision per round.** ``c.d.<id>`` is written with ``create`` (only if absent): by
+the leader's commit, or by anyone's abort notice (the leader's failure notice; a follower
+that cannot serialise or write its state; a follower that gives up on a dead or stalled
+leader, or at its deadline). Whoever writes first decides, and every rank reads that one
+value, so the ranks of a round always agree: all succeed or all fail. A leader paused
+mid-round (SIGSTOP) whose followers gave up finds their abort when it resumes and fails
+too; paused after its commit, its followers already have the result. The commit is also
+fenced on the generation (a newer round's announcement makes it fail) and refused when
+the leader's liveness lease lapsed.
+
+**When the store refuses writes** (a full disk, etcd over its quota, permissions): a rank
+whose write fails publishes an abort with the store's error; if the store refuses even
+that, an empty decision (a full disk still takes an empty file), and failing that it
+deletes the generation key (etcd over its quota still takes deletes), which ends the round
+for everyone waiting on it. A rank that finds its round ended that way, its leader gone, or
+no announcement after ``probe_after_s``, tries one small write of its own to name the
+store's error. So every rank fails within about a second, naming the store's error, and no
+rank is blamed for it.
+
+**Leftovers** of an earlier run of the same job (same job id and pipeline) are ignored:
+their states carry other round ids; an old announcement may be joined by a
+follower, which then switches (re-writing its state) as soon as a leader of another session
+announces, and an old failure notice does not count, because a follower only trusts a
+notice once the round is shown to be live: its leader's liveness key (tagged with the
+session) was seen, the announcement was absent at some point of this call, or the follower
+already worked with that leader. A commit counts only if it lists the digest of the state
+this rank wrote. A follower that sees its own leader announce a later round fails: the round
+it joined was abandoned.
+
+One ``timeout_s`` budget covers the whole round. The commit stays in the store as the
+"round closed" marker until the next round has been acknowledged by every rank (or
+:meth:`Aggregator.close`); if acks time out it stays, with the round's states, for the
+followers that have not read it.
+"""
+
+from zephon.checkpoint.rounds.context import RoundStats
+from zephon.checkpoint.rounds.job import DEFAULT_JOB_ID, resolve_job_id
+from zephon.checkpoint.rounds.keys import LEADER_RANK, Announcement, Keys
+from zephon.checkpoint.share import SHARE_KEY
+
+__all__ = [
+    "DEFAULT_JOB_ID",
+    "LEADER_RANK",
+    "SHARE_KEY",
+    "Announcement",
+    "Keys",
+    "RoundStats",
+    "resolve_job_id",
+]

@@ -1,0 +1,475 @@
+"""A follower's side of a round (every rank but 0); see :mod:`zephon.checkpoint.rounds`."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from zephon.checkpoint.rounds.context import Decision, RoundContext, RoundStats, read_decision
+from zephon.checkpoint.rounds.keys import (
+    DIGEST_BYTES,
+    LEADER_RANK,
+    MERGED,
+    STATE,
+    Announcement,
+    decode,
+    digest,
+    encode,
+)
+from zephon.checkpoint.rounds.leader import _stats
+from zephon.checkpoint.rounds.wait import ControlView, Deadline
+from zephon.checkpoint.share import SHARE_KEY, Share
+from zephon.errors import AggregationError, CheckpointError
+
+__all__ = ["Follower", "SHARE_KEY"]
+#: without pushes, how often (at least; four poll intervals at large world sizes, at most a
+#: quarter of the lease TTL) a waiting follower also reads the generation and the leader's
+#: liveness key, and the announcement when the generation moved on (the decision key it
+#: reads every poll)
+SLOW_CHECK_S = 0.1
+
+
+class _Joined:
+    """The round a follower joined and what it has learnt about it."""
+
+    def __init__(self) -> None:
+        self.ann: Any = None
+        self.fresh = False  # proven to be this job's live round (not a leftover)
+        self.leader_seen = False  # its leader's liveness key seen: only then is absence death
+        self.gen_seen = False  # the generation key named this round at some point
+        self.gone_since: float | None = None
+        self.problem: str | None = None  # a notice that did not count yet (maybe a leftover)
+        self.digest = b""  # of the state record this rank wrote for the round
+
+    def join(self, ann: Announcement, fresh: bool) -> None:
+        self.ann, self.fresh = ann, fresh
+        self.leader_seen, self.gen_seen, self.gone_since, self.problem = False, False, None, None
+        self.digest = b""
+
+    def problem_suffix(self) -> str:
+        return f"; found: {self.problem}" if self.problem else ""
+
+
+class _StateNotSerialisable(AggregationError):
+    pass
+
+
+class Follower:
+    """Runs one follower rank's rounds; remembers the last round it took part in, so a
+    leftover announcement is not joined twice."""
+
+    def __init__(self, ctx: RoundContext) -> None:
+        self.ctx = ctx
+        self.last_round: tuple[str, int] | None = None
+        self._ann_cache: tuple[bytes, Announcement | None] | None = None
+        self.last: RoundStats | None = None
+
+    def round(self, state: dict[str, Any]) -> dict[str, Any]:
+        ctx, keys, n = self.ctx, self.ctx.keys, self.ctx.world_size
+        deadline = Deadline(ctx.timeout_s)
+        before = ctx.counters()
+        joined = _Joined()
+        ok = False
+        try:
+            try:
+                view = ControlView(ctx.store, ctx.watch(keys.control), deadline, n)
+                self._await_announcement(view, joined)
+                t_joined = deadline.elapsed_ms()
+                self._write_state(joined, state)
+                ctx.log.debug(
+                    "%s joined round %s at %.1f ms, state written at %.1f ms",
+                    ctx.p,
+                    joined.ann.round_id,
+                    t_joined,
+                    deadline.elapsed_ms(),
+                )
+                result = self._await_decision(view, joined, state)
+            except AggregationError as e:
+                if str(e).startswith(ctx.p):
+                    raise
+                what = f"round {joined.ann.round_id}" if joined.ann is not None else "round"
+                raise AggregationError(f"{ctx.p} checkpoint {what} failed: {e}") from e
+            finally:
+                if joined.ann is not None:
+                    self.last_round = (joined.ann.session, joined.ann.counter)
+            rid = joined.ann.round_id
+            try:
+                # The acknowledgement: this rank's state goes (nobody reads it any more).
+                ctx.store.delete(keys.state(rid, ctx.rank))
+            except Exception as e:  # noqa: BLE001 - this rank has the result
+                ctx.log.warning(
+                    "%s round %s: could not acknowledge the merged result: %s", ctx.p, rid, e
+                )
+            ok = True
+            ctx.log.debug("%s round %s done in %.1f ms", ctx.p, rid, deadline.elapsed_ms())
+            return result
+        finally:
+            rid_or_none = joined.ann.round_id if joined.ann is not None else None
+            self.last = _stats(ctx, rid_or_none or "", "follower", ok, deadline, before)
+
+    # ------------------------------------------------------------------------ joining
+
+    def _read_announcement(self, blob: bytes | None) -> tuple[Announcement | None, str | None]:
+        """The current announcement if this rank may join it; else (None, why not)."""
+        ctx = self.ctx
+        if blob is None:
+            return None, None
+        if self._ann_cache is not None and self._ann_cache[0] == blob:
+            ann = self._ann_cache[1]
+        else:
+            ann = Announcement.decode(blob)
+            self._ann_cache = (blob, ann)
+        if ann is None:
+            return None, f"an unreadable announcement in {ctx.keys.round!r}"
+        if (ann.job_id, ann.fingerprint) != (ctx.job_id, ctx.fingerprint):
+            raise AggregationError(
+                f"{ctx.p} the announcement in {ctx.where} ({ctx.keys.round}) is for job"
+                f" {ann.job_id!r}, pipeline {ann.fingerprint[:12]}…, but this rank runs"
+                f" {ctx.who()}: it never joins another job's or pipeline's round. Every"
+                " rank of a job must get the same job id (ZEPHON_JOB_ID or the launcher's)"
+                " and build the same pipeline"
+            )
+        if ann.world_size != ctx.world_size:
+            return None, (
+                f"an announcement of round {ann.round_id} for world_size {ann.world_size}"
+                f" (this rank has {ctx.world_size}; left by an earlier run?)"
+            )
+        last = self.last_round
+        if last is not None and ann.session == last[0] and ann.counter <= last[1]:
+            return None, f"the announcement of round {ann.round_id}, which this rank already left"
+        return ann, None
+
+    def _await_announcement(self, view: ControlView, joined: _Joined) -> None:
+        ctx = self.ctx
+        ignored = None
+        fresh = False  # saw the key absent or unusable first: what follows is this job's
+        probed = False
+        next_probe_s = ctx.probe_after_s
+        while True:
+            ann, why = self._read_announcement(view.get(ctx.keys.round))
+            if ann is not None:
+                # A later round of the leader this rank already worked with is this job's too.
+                known = self.last_round is not None and ann.session == self.last_round[0]
+                joined.join(ann, fresh or known)
+                return
+            fresh = True
+            ignored = why or ignored
+            if not probed and view.deadline.elapsed_s() >= next_probe_s:
+                next_probe_s = view.deadline.elapsed_s() + max(ctx.probe_after_s, view.interval_s)
+                # Still no round and no live leader: make sure it is not the store refusing
+                # the leader's writes (it would refuse this rank's too), which nothing else
+                # would tell us. (A leader whose key is there is only late; a leader that
+                # cannot write gives its key up.)
+                if view.get(ctx.keys.leader) is None:
+                    probed = True
+                    refused = ctx.probe()
+                    if refused is not None:
+                        raise AggregationError(ctx.refused_message(None, refused))
+            if not view.sleep():
+                extra = f"; ignored {ignored}" if ignored else ""
+                raise AggregationError(
+                    f"{ctx.p} checkpoint round timed out after {ctx.timeout_s:g} s waiting"
+                    f" for the leader (rank {LEADER_RANK}) to announce a round in"
+                    f" {ctx.where}{extra}. Has rank {LEADER_RANK} called checkpoint() at this"
+                    " step?"
+                )
+
+    def _write_state(self, joined: _Joined, state: dict[str, Any]) -> None:
+        ctx, keys = self.ctx, self.ctx.keys
+        rid = joined.ann.round_id
+        try:
+            record = encode(
+                STATE,
+                round_id=rid,
+                job_id=ctx.job_id,
+                fingerprint=ctx.fingerprint,
+                rank=ctx.rank,
+                world_size=ctx.world_size,
+                state=state,
+            )
+        except CheckpointError as e:
+            # Tell everyone, so the whole round fails now rather than at the deadline.
+            ctx.abort(rid, f"rank {ctx.rank} cannot serialise its state: {e}")
+            raise _StateNotSerialisable(f"{ctx.p} cannot serialise this rank's state: {e}") from e
+        try:
+            existing = ctx.store.create(keys.state(rid, ctx.rank), record)
+        except Exception as e:  # noqa: BLE001 - the store's error is the message
+            error = f"{type(e).__name__}: {e}"
+            ctx.abort(rid, f"rank {ctx.rank} could not write its state to {ctx.where}: {error}")
+            raise AggregationError(
+                f"{ctx.p} checkpoint round {rid} failed: this rank could not write its state"
+                f" to {ctx.where}: {error}"
+            ) from e
+        if existing is not None and existing != record:
+            if not joined.fresh:
+                # Most likely a leftover round of an earlier run whose states are still
+                # there; its leader is not seen alive, so wait for a live round.
+                joined.problem = f"rank {ctx.rank}'s state of round {rid} was already written"
+                return
+            message = (
+                f"two processes wrote rank {ctx.rank}'s state in round {rid} in {ctx.where}"
+                f" ({ctx.who()}): two jobs with the same job id and pipeline share this"
+                " location; give each job its own ZEPHON_JOB_ID"
+            )
+            ctx.abort(rid, message)
+            raise AggregationError(f"{ctx.p} {message}")
+        joined.digest = digest(record)
+
+    # ------------------------------------------------------------------------ waiting
+
+    def _await_decision(
+        self, view: ControlView, joined: _Joined, state: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Wait for the joined round's decision; switch rounds when the joined one turns
+        out to be a leftover; give up (deciding the round as failed) on the leader's death
+        or at the deadline."""
+        ctx, keys = self.ctx, self.ctx.keys
+        grace_s = ctx.lease_ttl_s / 4
+        slow_cap_s = max(SLOW_CHECK_S, grace_s)
+        next_slow = 0.0
+        absent_reads = 0
+        while True:
+            ann = joined.ann
+            rid = ann.round_id
+            blob = view.get(keys.decision(rid))
+            if blob is not None:
+                result = self._judge(joined, read_decision(blob), state)
+                if result is not None:
+                    ctx.log.debug(
+                        "%s round %s decided; seen at %.1f ms",
+                        ctx.p,
+                        rid,
+                        view.deadline.elapsed_ms(),
+                    )
+                    return result
+            now = time.monotonic()
+            if view.pushed or now >= next_slow:
+                next_slow = now + min(max(SLOW_CHECK_S, 4 * view.interval_s), slow_cap_s)
+                leader, gen = view.get_many([keys.leader, keys.gen])
+                alive = leader is not None and leader.split(b" ", 1)[0] == ann.session.encode()
+                if alive:
+                    joined.leader_seen, joined.gone_since = True, None
+                    joined.fresh = True  # its leader is alive: not a leftover
+                if gen == rid.encode():
+                    joined.gen_seen = True
+                elif gen is None and joined.gen_seen:
+                    return self._ended_without_decision(joined, state)
+                # While the generation names this round no newer one was announced: the
+                # announcement is only read when it does not.
+                cur = None
+                if gen != rid.encode():
+                    cur, _ = self._read_announcement(view.get(keys.round))
+                    absent_reads = absent_reads + 1 if cur is None else 0
+                    if absent_reads >= 2:
+                        joined.fresh = True  # closed by its leader: the joined round is live
+                if cur is not None and cur.round_id != rid:
+                    if cur.session != ann.session:
+                        ctx.log.info(
+                            "%s round %s was left by an earlier run; joining round %s",
+                            ctx.p,
+                            rid,
+                            cur.round_id,
+                        )
+                        joined.join(cur, fresh=True)
+                        self._write_state(joined, state)
+                        continue
+                    if cur.counter > ann.counter:
+                        raise AggregationError(
+                            f"{ctx.p} the leader (rank {LEADER_RANK}) abandoned round {rid} and"
+                            f" announced round {cur.round_id} in {ctx.where}"
+                            f"{joined.problem_suffix()}; this rank's checkpoint() was not part"
+                            " of it"
+                        )
+                if not alive and joined.leader_seen:
+                    now = time.monotonic()
+                    if joined.gone_since is None:
+                        joined.gone_since = now
+                        refused = ctx.probe()  # gone because the store refuses its writes?
+                        if refused is not None:
+                            return self._give_up(joined, state, ctx.refused_message(rid, refused))
+                    if now - joined.gone_since >= grace_s:
+                        return self._give_up(
+                            joined,
+                            state,
+                            f"{ctx.p} the leader (rank {LEADER_RANK}) of round {rid} is gone:"
+                            f" its liveness key 'leader' ({keys.leader}) in {ctx.where} expired"
+                            " or was removed and it decided nothing (lease_ttl_s="
+                            f"{ctx.lease_ttl_s:g}); did rank {LEADER_RANK} die?",
+                        )
+            if not view.sleep():
+                if not joined.leader_seen:
+                    leader_state = "has not been seen alive in this round"
+                elif joined.gone_since is None:
+                    leader_state = "was alive when last seen"
+                else:
+                    leader_state = "has vanished"
+                return self._give_up(
+                    joined,
+                    state,
+                    f"{ctx.p} checkpoint round {rid} timed out after {ctx.timeout_s:g} s"
+                    f" waiting for the merged result from the leader (rank {LEADER_RANK}) in"
+                    f" {ctx.where}; the leader {leader_state}{joined.problem_suffix()}. It"
+                    " waits for every rank's state: is some rank missing, or the leader stuck?",
+                )
+
+    def _judge(self, joined: _Joined, d: Decision, state: dict[str, Any]) -> dict[str, Any] | None:
+        """This rank's result if ``d`` decides the joined round for it; raises on an abort
+        that counts; None for a decision that may be a leftover's (kept for the message)."""
+        ctx = self.ctx
+        rid = joined.ann.round_id
+        if d.kind == "commit":
+            rec = d.record
+            theirs = (rec.get("job_id"), rec.get("fingerprint"))
+            if theirs != (ctx.job_id, ctx.fingerprint):
+                raise AggregationError(
+                    f"{ctx.p} the commit of round {rid} in {ctx.where} is for job"
+                    f" {theirs[0]!r}, pipeline {str(theirs[1])[:12]}…, but this rank runs"
+                    f" {ctx.who()}; it is never taken"
+                )
+            digests = rec.get("digests")
+            start = ctx.rank * DIGEST_BYTES
+            mine = digests[start : start + DIGEST_BYTES] if isinstance(digests, bytes) else b""
+            if joined.digest and mine == joined.digest:
+                return self._share(rec, state, rid)
+            problem = f"the commit of round {rid} did not merge this rank's state"
+            if joined.fresh:
+                raise AggregationError(
+                    f"{ctx.p} {problem} (in {ctx.where}): another process wrote this rank's"
+                    " state; do two jobs share this job id?"
+                )
+            joined.problem = problem
+            return None
+        by = d.record.get("rank")
+        why = ctx.why(rid, d)
+        if d.empty:
+            problem = f"checkpoint round {rid} was ended: {why}"
+        elif not isinstance(by, int) or by == LEADER_RANK:
+            problem = f"the leader (rank {LEADER_RANK}) failed checkpoint round {rid}: {why}"
+        else:
+            problem = f"rank {by} ended checkpoint round {rid}: {why}"
+        if joined.fresh:
+            raise AggregationError(f"{ctx.p} {problem}")
+        joined.problem = problem
+        return None
+
+    def _share(self, rec: dict[str, Any], state: dict[str, Any], rid: str) -> dict[str, Any]:
+        """The merged state's header with this rank's own lanes (the merged lanes of this
+        rank are its own, as the leader checked) and what they are a share of."""
+        ctx = self.ctx
+        header = rec.get("header")
+        if not isinstance(header, dict):
+            raise AggregationError(f"{ctx.p} the commit of round {rid} has no header")
+        out = dict(header)
+        out["lanes"] = sorted(state["lanes"], key=lambda ls: ls["lane"])
+        lanes_total = int(rec.get("lanes_total", 0))
+        out[SHARE_KEY] = {
+            "rank": ctx.rank,
+            "world_size": ctx.world_size,
+            "round_id": rid,
+            "job_id": ctx.job_id,
+            "lanes_total": lanes_total,
+        }
+        own = out["lanes"]
+        digests = rec.get("digests")
+
+        def fetch() -> dict[str, Any]:
+            return self._merged_state(rid, digests, own)
+
+        return Share(out, fetch)
+
+    def _merged_state(self, rid: str, digests: Any, own: list[Any]) -> dict[str, Any]:
+        """Round ``rid``'s whole merged state: every rank's state record, from what the
+        leader left for the shares (waiting, within one round budget, for the leader to
+        write it after its commit), each checked against the commit's digests, merged as
+        the leader merged them."""
+        ctx, keys, n = self.ctx, self.ctx.keys, self.ctx.world_size
+        what = f"{ctx.p} the merged state of round {rid} (this rank's share of it was asked"
+        deadline = Deadline(ctx.timeout_s)
+        delay = float(ctx.store.poll_interval_s)
+        try:
+            while True:
+                blob = ctx.store.get(keys.merged(rid))
+                if blob is not None:
+                    break
+                if ctx.store.get(keys.decision(rid)) is None:
+                    raise CheckpointError(
+                        f"{what} for every lane) is no longer in {ctx.where}: a later round"
+                        " was acknowledged, or rank 0 closed its pipeline. Save a follower's"
+                        " checkpoint() result before the next checkpoint() and before rank 0"
+                        " closes, or save rank 0's"
+                    )
+                if deadline.remaining() <= 0:
+                    raise CheckpointError(
+                        f"{what} for every lane) did not appear in {ctx.where} within"
+                        f" {ctx.timeout_s:g} s; the leader (rank {LEADER_RANK}) logs why"
+                    )
+                time.sleep(min(delay, max(deadline.remaining(), 0.0)))
+                delay = min(delay * 2, 0.5)
+        except CheckpointError:
+            raise
+        except Exception as e:
+            raise CheckpointError(
+                f"{what} for every lane) could not be read from {ctx.where}:"
+                f" {type(e).__name__}: {e}"
+            ) from e
+        rec = decode(blob, MERGED)
+        records = rec.get("records") if rec is not None else None
+        if (
+            rec is None
+            or (rec.get("round_id"), rec.get("job_id"), rec.get("fingerprint"))
+            != (rid, ctx.job_id, ctx.fingerprint)
+            or not isinstance(records, list)
+            or len(records) != n
+            or not isinstance(digests, bytes)
+        ):
+            raise CheckpointError(
+                f"{what} for every lane) in {keys.merged(rid)} in {ctx.where} is not the"
+                f" state records of this round of {ctx.who()}"
+            )
+        states = []
+        for r, record in enumerate(records):
+            st = decode(record, STATE) if isinstance(record, bytes) else None
+            if st is None or digest(record) != digests[r * DIGEST_BYTES : (r + 1) * DIGEST_BYTES]:
+                raise CheckpointError(
+                    f"{what} for every lane): rank {r}'s state record in {keys.merged(rid)}"
+                    f" in {ctx.where} is not the one the round's commit lists"
+                )
+            states.append(st["state"])
+        merged = ctx.merge(states)
+        by_lane = {ls.get("lane"): ls for ls in merged.get("lanes", []) if isinstance(ls, dict)}
+        if any(by_lane.get(ls["lane"]) != ls for ls in own):
+            raise CheckpointError(
+                f"{what} for every lane) merged from {ctx.where} differs from this rank's own lanes"
+            )
+        return merged
+
+    def _ended_without_decision(self, joined: _Joined, state: dict[str, Any]) -> dict[str, Any]:
+        """The generation key vanished and no decision came: a rank that could not write
+        even a notice ended the round (or the store refuses writes)."""
+        ctx = self.ctx
+        rid = joined.ann.round_id
+        refused = ctx.probe()
+        message = (
+            ctx.refused_message(rid, refused)
+            if refused is not None
+            else f"{ctx.p} checkpoint round {rid} was ended: its generation key"
+            f" {ctx.keys.gen!r} was removed from {ctx.where} without a decision (a rank that"
+            " cannot write to the store ends a round that way)"
+        )
+        return self._give_up(joined, state, message)
+
+    def _give_up(self, joined: _Joined, state: dict[str, Any], message: str) -> dict[str, Any]:
+        """Decide the joined round as failed, so a stalled leader cannot commit it later;
+        if it committed first, that commit is this rank's result after all."""
+        ctx = self.ctx
+        rid = joined.ann.round_id
+        first = ctx.abort(rid, message.removeprefix(f"{ctx.p} "))
+        if first is not None:
+            if first.kind == "commit":
+                joined.fresh = True
+                result = self._judge(joined, first, state)
+                if result is not None:
+                    return result
+            elif joined.fresh:
+                message += f"; the round had already been ended: {first.why}"
+        raise AggregationError(message)

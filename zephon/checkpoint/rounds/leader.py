@@ -1,0 +1,619 @@
+"""The leader's side of a round (global rank 0); see :mod:`zephon.checkpoint.rounds`."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import socket
+import uuid
+from typing import Any
+
+from zephon.checkpoint.rounds.context import RoundContext, RoundStats, read_decision
+from zephon.checkpoint.rounds.keys import (
+    COMMIT,
+    DIGEST_BYTES,
+    LEADER_RANK,
+    MERGED,
+    STATE,
+    Announcement,
+    Keys,
+    decode,
+    digest,
+    encode,
+)
+from zephon.checkpoint.rounds.wait import (
+    LEADER_POLL_PER_RANK_S,
+    ControlView,
+    Deadline,
+    PrefixFeed,
+)
+from zephon.checkpoint.stores.base import KeyHeldError, StaleRoundError, get_many
+from zephon.errors import AggregationError, CheckpointError
+
+__all__ = ["Leader"]
+
+_RID = re.compile(r"[0-9a-f]{12}-[0-9]{1,12}")  # <session>-<counter>
+
+
+class _Decided(AggregationError):
+    """The round's decision key already holds an abort (a follower's notice): the leader
+    fails with it and publishes nothing more."""
+
+
+class Leader:
+    """Runs rank 0's rounds and keeps what must outlive one: the liveness lease, the
+    decisions not yet safe to delete, the rounds whose states are left over."""
+
+    def __init__(self, ctx: RoundContext) -> None:
+        self.ctx = ctx
+        self.session = uuid.uuid4().hex[:12]
+        self.counter = 0
+        self.kept: list[str] = []  # decision keys (commits, notices) not yet safe to delete
+        self.lease: Any = None  # the liveness key, held until close()
+        self.failed: str | None = None  # the decision key of the last round, if it failed
+        self.leftovers: set[str] = set()  # round ids whose states may still be stored
+        self.replaced: set[tuple[str, int]] = set()  # earlier runs' rounds this one replaced
+        self.announced: str | None = None  # the last round this leader announced
+        self.deferred: list[str] = []  # commits to delete with the next announcement
+        self.merged_kept: list[str] = []  # state records left for the followers' shares
+        self._gen_seen = False  # this round's generation was read back at least once
+        self._records: list[bytes] = []  # the state records of the round being run
+        self.last: RoundStats | None = None
+
+    # ------------------------------------------------------------------------- round
+
+    def round(self, state: dict[str, Any]) -> dict[str, Any]:
+        ctx, n = self.ctx, self.ctx.world_size
+        deadline = Deadline(ctx.timeout_s)
+        before = ctx.counters()
+        self.counter += 1
+        rid = f"{self.session}-{self.counter}"
+        ann = Announcement(rid, self.session, self.counter, n, ctx.job_id, ctx.fingerprint)
+        self.failed = None
+        ok = False
+        try:
+            try:
+                merged = self._run(rid, ann, state, deadline)
+                ok = True
+            except BaseException as e:
+                self._fail(rid, e)
+                if isinstance(e, AggregationError) and not str(e).startswith(ctx.p):
+                    raise AggregationError(f"{ctx.p} round {rid} failed: {e}") from e
+                if isinstance(e, AggregationError | KeyboardInterrupt | SystemExit):
+                    raise
+                if isinstance(e, CheckpointError):
+                    raise AggregationError(f"{ctx.p} round {rid}: {e}") from e
+                if isinstance(e, Exception):
+                    raise AggregationError(
+                        f"{ctx.p} round {rid} failed in {ctx.where}: {type(e).__name__}: {e}"
+                    ) from e
+                raise
+            self._publish_merged(rid)
+            self._after_commit(rid, deadline)
+            return merged
+        finally:
+            self.last = _stats(ctx, rid, "leader", ok, deadline, before)
+
+    def _run(
+        self, rid: str, ann: Announcement, state: dict[str, Any], deadline: Deadline
+    ) -> dict[str, Any]:
+        ctx, keys, n = self.ctx, self.ctx.keys, self.ctx.world_size
+        own = encode(
+            STATE,
+            round_id=rid,
+            job_id=ctx.job_id,
+            fingerprint=ctx.fingerprint,
+            rank=LEADER_RANK,
+            world_size=n,
+            state=state,
+        )
+        self._hold_liveness()
+        watch = ctx.watch(keys.prefix)
+        self._clear_leftover_announcement(watch)
+        self.announced = rid  # from here on the keys are this leader's to publish and remove
+        self.leftovers.add(rid)
+        announce_with = getattr(ctx.store, "announce_with", None)
+        if callable(announce_with):
+            # etcd: the generation, the announcement and the removal of commits that no rank
+            # needs any more (see _after_commit) in one request
+            fence = announce_with(
+                keys.gen, rid.encode(), {keys.round: ann.encode()}, delete=self.deferred
+            )
+            self.deferred = []
+        else:
+            fence = ctx.store.announce(keys.gen, rid.encode())
+            ctx.store.put(keys.round, ann.encode())
+        ctx.log.debug("%s round %s announced (%d ranks, %s)", ctx.p, rid, n, ctx.who())
+        states, digests, self._records = self._collect(rid, state, own, deadline, watch)
+        t_collect = deadline.elapsed_ms()
+        create_and_delete = getattr(ctx.store, "create_and_delete", None)
+        if not callable(create_and_delete):
+            ctx.store.delete(keys.round)  # close the round: the announcement goes
+        try:
+            merged = ctx.merge(states)
+        except Exception as e:
+            raise AggregationError(
+                f"{ctx.p} merging the states of round {rid} failed: {type(e).__name__}: {e}"
+            ) from e
+        header, lanes_total = self._header(rid, merged, states)
+        commit = encode(
+            COMMIT,
+            round_id=rid,
+            job_id=ctx.job_id,
+            fingerprint=ctx.fingerprint,
+            world_size=n,
+            digests=b"".join(digests),
+            header=header,
+            lanes_total=lanes_total,
+        )
+        if getattr(self.lease, "lost", False):
+            # Followers may have declared this leader dead and given up.
+            raise AggregationError(
+                f"{ctx.p} this leader's liveness key 'leader' ({keys.leader}) in {ctx.where}"
+                f" lapsed during round {rid} (was the process paused longer than"
+                f" lease_ttl_s={ctx.lease_ttl_s:g}?); not committing"
+            )
+        try:
+            if callable(create_and_delete):
+                # etcd: the round is closed (its announcement deleted) by the commit itself
+                existing = create_and_delete(
+                    keys.decision(rid), commit, fence=fence, delete=[keys.round]
+                )
+            else:
+                existing = ctx.store.create(keys.decision(rid), commit, fence=fence)
+        except StaleRoundError as e:
+            raise AggregationError(
+                f"{ctx.p} round {rid} cannot publish its merged result: a newer round was"
+                f" announced in {ctx.where} meanwhile, so this leader is stale ({e})"
+            ) from e
+        if existing is not None and existing != commit:
+            d = read_decision(existing)
+            raise _Decided(
+                f"{ctx.p} round {rid} was ended before this leader could commit it:"
+                f" {_by(d.record)}{ctx.why(rid, d)}"
+            )
+        self.kept.append(keys.decision(rid))
+        ctx.log.debug(
+            "%s round %s committed at %.1f ms (states collected at %.1f ms)",
+            ctx.p,
+            rid,
+            deadline.elapsed_ms(),
+            t_collect,
+        )
+        return merged
+
+    def _publish_merged(self, rid: str) -> None:
+        """Leave what the merged state is made of in the store (``-m.<rid>``: every rank's
+        state record as the leader received it, whose digests the commit lists) for the
+        followers' shares (:class:`zephon.checkpoint.share.Share`): nobody reads it in the
+        round; a follower that saves its share, or restores lanes it does not own, does,
+        and merges them as the leader did. The records are already encoded, so this costs
+        the leader one write, not an encoding of every lane. After the commit, so the round
+        does not wait for it; never fails the round (a share that cannot find it says so
+        when it is saved)."""
+        ctx, keys = self.ctx, self.ctx.keys
+        records, self._records = self._records, []
+        try:
+            blob = encode(
+                MERGED,
+                round_id=rid,
+                job_id=ctx.job_id,
+                fingerprint=ctx.fingerprint,
+                records=records,
+            )
+            ctx.store.put(keys.merged(rid), blob)
+        except Exception as e:  # noqa: BLE001
+            ctx.log.warning(
+                "%s round %s: could not leave the round's state records in %s for the followers'"
+                " shares (saving a share will fail): %s: %s",
+                ctx.p,
+                rid,
+                ctx.where,
+                type(e).__name__,
+                e,
+            )
+            return
+        self.merged_kept.append(keys.merged(rid))
+
+    def _after_commit(self, rid: str, deadline: Deadline) -> None:
+        """Wait for the acks; then clean up. Nothing here fails the round: store errors
+        only leave keys behind for close() or the next round."""
+        ctx, n = self.ctx, self.ctx.world_size
+        try:
+            missing = self._wait_acks(rid, deadline)
+        except Exception as e:  # noqa: BLE001
+            ctx.log.warning("%s round %s: waiting for acks failed: %s", ctx.p, rid, e)
+            missing = [r for r in range(n) if r != LEADER_RANK]
+        if missing:
+            ctx.log.warning(
+                "%s round %s: ranks %s did not acknowledge the merged result within the"
+                " round's %g s budget; its commit stays in %s for them",
+                ctx.p,
+                rid,
+                missing,
+                ctx.timeout_s,
+                ctx.where,
+            )
+            return
+        # Every rank has read this round's commit, so none still needs an earlier one (nor
+        # the records left for shares: a share of an earlier round cannot be saved any more).
+        old_decisions = self.kept[:-1]
+        self.kept = self.kept[-1:]
+        mine = ctx.keys.merged(rid)
+        for key in [k for k in self.merged_kept if k != mine]:
+            ctx.delete_quietly(key)
+        self.merged_kept = [k for k in self.merged_kept if k == mine]
+        if callable(getattr(ctx.store, "announce_with", None)):
+            # Deleted with the next announcement (or at close()): a write, and a pushed
+            # event to every watching follower, fewer per round.
+            self.deferred.extend(old_decisions)
+        else:
+            for key in old_decisions:
+                ctx.delete_quietly(key)
+        self.leftovers.discard(rid)
+        if self.replaced:
+            self._sweep_replaced()
+            self.replaced.clear()
+        compact = getattr(ctx.store, "compact", None)
+        if callable(compact):
+            try:
+                compact()
+            except Exception as e:  # noqa: BLE001
+                ctx.log.warning("%s could not compact %s: %s", ctx.p, ctx.where, e)
+        ctx.log.debug("%s round %s done in %.1f ms", ctx.p, rid, deadline.elapsed_ms())
+
+    # ------------------------------------------------------------------------- steps
+
+    def _hold_liveness(self) -> None:
+        """Hold the leader's liveness key from the first round until close().
+
+        Held across rounds, not per round: a follower that reaches a round the leader has
+        already failed still sees the leader alive, so it trusts the failure notice it finds
+        (where the announcement of a dead job's leader, whose key has expired, is ignored).
+        Taken exclusively: a live key of another session means another leader of the same
+        job id and pipeline is running on this location.
+        """
+        ctx = self.ctx
+        if self.lease is not None and not getattr(self.lease, "lost", False):
+            return
+        if self.lease is not None:
+            ctx.log.warning("%s liveness lease was lost; taking a new one", ctx.p)
+            with contextlib.suppress(Exception):
+                self.lease.stop()
+            self.lease = None
+        value = f"{self.session} rank={ctx.rank} pid={os.getpid()} host={socket.gethostname()}"
+        try:
+            self.lease = ctx.store.keep_alive(
+                ctx.keys.leader, value.encode(), ctx.lease_ttl_s, exclusive=True
+            )
+        except KeyHeldError as e:
+            if e.value.split(b" ", 1)[0] == self.session.encode():
+                # Our own key from a lease that lapsed and could not be revoked yet.
+                self.lease = ctx.store.keep_alive(ctx.keys.leader, value.encode(), ctx.lease_ttl_s)
+                return
+            raise AggregationError(
+                f"{ctx.p} another leader holds the rounds of {ctx.who()} in {ctx.where}:"
+                f" its liveness key says {e.value.decode(errors='replace')!r}. Two jobs with"
+                " the same job id and pipeline share this location: give each job its own"
+                " ZEPHON_JOB_ID (or namespace). If that leader is gone, its key expires"
+                f" within its lease TTL (this job's is {ctx.lease_ttl_s:g} s)"
+            ) from e
+
+    def _clear_leftover_announcement(self, watch: Any) -> None:
+        """An announcement of another session is an earlier run's failed round (a job
+        restarted under the same id): its notice and states can go with it."""
+        ctx, keys = self.ctx, self.ctx.keys
+        view = ControlView(ctx.store, watch, Deadline(ctx.timeout_s), 1)
+        blob, gen = view.get_many([keys.round, keys.gen])
+        old = Announcement.decode(blob) if blob is not None else None
+        found: dict[str, int] = {}
+        if old is not None and old.session != self.session and _RID.fullmatch(old.round_id):
+            found[old.round_id] = old.world_size
+        # A run that died after closing its round left no announcement, but its
+        # generation key still names that round.
+        old_gen = gen.decode(errors="replace") if gen is not None else ""
+        if _RID.fullmatch(old_gen) and not old_gen.startswith(f"{self.session}-"):
+            found[old_gen] = ctx.world_size
+        for rid, world_size in found.items():
+            ctx.log.debug("%s replacing round %s left by an earlier run", ctx.p, rid)
+            ctx.delete_quietly(keys.decision(rid))
+            ctx.delete_quietly(keys.merged(rid))
+            # Its states go now and again after this round: followers that had
+            # joined it may still write there until they see the new announcement.
+            self.replaced.add((rid, world_size))
+        if found:
+            self._sweep_replaced()
+
+    def _sweep_replaced(self) -> None:
+        ctx, keys = self.ctx, self.ctx.keys
+        for rid, world_size in sorted(self.replaced):
+            followers = [r for r in range(world_size) if r != LEADER_RANK]
+            ctx.delete_prefix_quietly(keys.states(rid), [keys.state(rid, r) for r in followers])
+
+    def _collect(
+        self,
+        rid: str,
+        own: dict[str, Any],
+        own_blob: bytes,
+        deadline: Deadline,
+        watch: Any,
+    ) -> tuple[list[dict[str, Any]], list[bytes], list[bytes]]:
+        ctx, keys, n = self.ctx, self.ctx.keys, self.ctx.world_size
+        ref = own.get("topology") if isinstance(own, dict) else None
+        if not isinstance(ref, dict):
+            raise AggregationError(
+                f"{ctx.p} the leader's own state has no 'topology' dict; got {type(ref).__name__}"
+            )
+        self._check_state(rid, LEADER_RANK, own, ref)
+        states: list[Any] = [None] * n
+        digests = [b"\x00" * DIGEST_BYTES] * n
+        records = [b""] * n
+        states[LEADER_RANK] = own
+        digests[LEADER_RANK] = digest(own_blob)
+        records[LEADER_RANK] = own_blob
+        missing = {r for r in range(n) if r != LEADER_RANK}
+        feed = PrefixFeed(ctx.store, watch, keys.states(rid), [keys.state(rid, r) for r in missing])
+        view = ControlView(ctx.store, watch, deadline, n, LEADER_POLL_PER_RANK_S)
+        self._gen_seen = False
+        while True:
+            changes = watch.drain() if view.pushed else None
+            for key, blob in feed.poll(changes).items():
+                r = Keys.rank_of(key)
+                if r is None or r not in missing:
+                    continue
+                rec = decode(blob, STATE)
+                if rec is None:
+                    raise AggregationError(
+                        f"{ctx.p} rank {r}'s state record in round {rid} ({key} in"
+                        f" {ctx.where}) is unreadable; is another program writing there?"
+                    )
+                self._check_identity(rid, r, rec)
+                if "error" in rec:
+                    raise AggregationError(
+                        f"{ctx.p} rank {r} could not take part in round {rid}: {rec['error']}"
+                    )
+                self._check_state(rid, r, rec.get("state"), ref)
+                states[r] = rec["state"]
+                digests[r] = digest(blob)
+                records[r] = blob
+                missing.discard(r)
+            if not missing:
+                return states, digests, records
+            self._check_not_ended(rid, view)
+            if not view.sleep():
+                raise AggregationError(self._missing_message(rid, sorted(missing)))
+
+    def _check_not_ended(self, rid: str, view: ControlView) -> None:
+        """A follower's failure notice (the decision key) or the generation key gone (a
+        rank that could not write even a notice) ends the collection at once."""
+        ctx, keys = self.ctx, self.ctx.keys
+        decision, gen = view.get_many([keys.decision(rid), keys.gen])
+        if decision is not None:
+            d = read_decision(decision)
+            rank = d.record.get("rank")
+            who = f"rank {rank}" if isinstance(rank, int) else "a rank"
+            raise _Decided(f"{ctx.p} {who} could not take part in round {rid}: {ctx.why(rid, d)}")
+        if gen == rid.encode():
+            self._gen_seen = True
+        elif self._gen_seen:  # (a watch may not show this leader's own announce yet)
+            if gen is None:
+                refused = ctx.probe()
+                if refused is not None:
+                    raise AggregationError(ctx.refused_message(rid, refused))
+                raise AggregationError(
+                    f"{ctx.p} round {rid} was ended: its generation key {keys.gen!r} was"
+                    f" removed from {ctx.where} (a rank that could not write to the store"
+                    " ends a round that way)"
+                )
+            raise AggregationError(
+                f"{ctx.p} round {rid} cannot publish its merged result: a newer round was"
+                f" announced in {ctx.where} meanwhile, so this leader is stale"
+                f" (generation is now {gen.decode(errors='replace')!r})"
+            )
+
+    def _check_identity(self, rid: str, r: int, rec: dict[str, Any]) -> None:
+        ctx, n = self.ctx, self.ctx.world_size
+        theirs = (rec.get("job_id"), rec.get("fingerprint"))
+        if theirs != (ctx.job_id, ctx.fingerprint):
+            fp = str(theirs[1])
+            raise AggregationError(
+                f"{ctx.p} rank {r}'s state in round {rid} belongs to job {theirs[0]!r},"
+                f" pipeline {fp[:12]}…, but this leader runs {ctx.who()}: a state of another"
+                " job or pipeline is never merged. Every rank of a job must get the same job"
+                " id (ZEPHON_JOB_ID or the launcher's) and build the same pipeline"
+            )
+        if rec.get("round_id") != rid or rec.get("rank") != r or rec.get("world_size") != n:
+            raise AggregationError(
+                f"{ctx.p} the state record under rank {r}'s key of round {rid} says round"
+                f" {rec.get('round_id')!r}, rank {rec.get('rank')!r}, world_size"
+                f" {rec.get('world_size')!r}; is another program writing to {ctx.where}?"
+            )
+
+    def _check_state(self, rid: str, r: int, st: Any, ref: dict[str, Any]) -> None:
+        """Raise at once if rank ``r``'s state disagrees with the leader's lane mapping."""
+        ctx = self.ctx
+        problems: list[str] = []
+        topo = st.get("topology") if isinstance(st, dict) else None
+        if not isinstance(topo, dict):
+            problems.append("it has no 'topology' dict")
+        else:
+            wanted = {
+                "rank": r,
+                "world_size": ctx.world_size,
+                "dp_size": ref.get("dp_size"),
+                "canonical_replicas": ref.get("canonical_replicas"),
+            }
+            for field, want in wanted.items():
+                if topo.get(field) != want:
+                    problems.append(f"{field}={topo.get(field)!r} (the leader has {want!r})")
+        expected = sorted(int(x) for x in ctx.expected_lanes(r))
+        lanes = st.get("lanes") if isinstance(st, dict) else None
+        if not isinstance(lanes, list) or not all(isinstance(x, dict) for x in lanes):
+            problems.append("its 'lanes' is not a list of {'lane': int, ...} dicts")
+        else:
+            raw = [x.get("lane") for x in lanes]
+            ids = [x for x in raw if isinstance(x, int) and not isinstance(x, bool)]
+            if len(ids) != len(raw):
+                problems.append(f"its lane ids {raw!r} are not all ints")
+            elif sorted(ids) != expected:
+                problems.append(f"it reports lanes {sorted(ids)}, the leader expects {expected}")
+        if problems:
+            raise AggregationError(
+                f"{ctx.p} rank {r}'s state in round {rid} disagrees with the leader's lane"
+                f" mapping: {'; '.join(problems)}. Every rank must build its pipeline with the"
+                " same canonical_replicas, world_size and dp_size."
+            )
+
+    def _header(
+        self, rid: str, merged: Any, states: list[dict[str, Any]]
+    ) -> tuple[dict[str, Any], int]:
+        """The merged state without its lanes (what the commit carries), after checking
+        that the merged lanes are the ranks' own lane states, which followers keep."""
+        ctx = self.ctx
+        lanes = merged.get("lanes") if isinstance(merged, dict) else None
+        if not isinstance(lanes, list):
+            raise AggregationError(
+                f"{ctx.p} merging round {rid} returned no 'lanes' list; got {type(merged).__name__}"
+            )
+        reported: dict[Any, list[Any]] = {}
+        for st in states:
+            for ls in st["lanes"]:
+                reported.setdefault(ls.get("lane"), []).append(ls)
+        for ls in lanes:
+            lane = ls.get("lane") if isinstance(ls, dict) else None
+            got = reported.get(lane, [])
+            if not any(x is ls for x in got) and not any(x == ls for x in got):
+                raise AggregationError(
+                    f"{ctx.p} merging round {rid} changed the state of lane {lane!r}: a"
+                    " round's merge must keep each lane's state as a rank reported it"
+                    " (followers keep their own copy and never read the merged lanes)"
+                )
+        return {k: v for k, v in merged.items() if k != "lanes"}, len(lanes)
+
+    def _missing_message(self, rid: str, missing: list[int]) -> str:
+        ctx = self.ctx
+        parts = [f"rank {r} (lanes {sorted(ctx.expected_lanes(r))})" for r in missing[:32]]
+        if len(missing) > 32:
+            parts.append(f"and {len(missing) - 32} more")
+        return (
+            f"{ctx.p} checkpoint round {rid} timed out after {ctx.timeout_s:g} s waiting for"
+            f" {len(missing)} of {ctx.world_size} ranks in {ctx.where}: {'; '.join(parts)}."
+            " Every rank must call checkpoint() at the same step (raise aggregate_timeout_s"
+            " if some ranks are just slow)."
+        )
+
+    def _wait_acks(self, rid: str, deadline: Deadline) -> list[int]:
+        """The followers whose state key is still there at the deadline (a follower
+        acknowledges the commit by deleting its state)."""
+        ctx, keys, n = self.ctx, self.ctx.keys, self.ctx.world_size
+        remaining = {keys.state(rid, r): r for r in range(n) if r != LEADER_RANK}
+        if not remaining:
+            return []
+        watch = ctx.watch(keys.prefix)
+        view = ControlView(ctx.store, watch, deadline, n, LEADER_POLL_PER_RANK_S)
+        can_list = callable(getattr(ctx.store, "list_keys", None))
+        if view.pushed:  # what was deleted before this wait is already out of the copy
+            for key in [k for k in remaining if watch.get(k) is None]:
+                del remaining[key]
+        while remaining:
+            if view.pushed:
+                for key, value in watch.drain().items():
+                    if value is None:
+                        remaining.pop(key, None)
+            elif can_list:
+                present = set(ctx.store.list_keys(keys.states(rid)))
+                for key in [k for k in remaining if k not in present]:
+                    del remaining[key]
+            else:
+                names = list(remaining)
+                for key, value in zip(names, get_many(ctx.store, names), strict=True):
+                    if value is None:
+                        del remaining[key]
+            if not remaining or not view.sleep():
+                break
+        return sorted(remaining.values())
+
+    def _fail(self, rid: str, error: BaseException) -> None:
+        """Publish the failure notice (the round's decision: an abort), so followers fail
+        at once; never raises."""
+        ctx, keys = self.ctx, self.ctx.keys
+        message = str(error) or type(error).__name__
+        if not isinstance(error, AggregationError):
+            message = f"{type(error).__name__}: {message}"
+        ctx.log.error("%s round %s failed: %s", ctx.p, rid, message)
+        if self.announced != rid:
+            # Never announced (its first write failed, or another leader holds the
+            # location): there is no round to end, and no key here is this leader's.
+            if ctx.probe() is not None and self.lease is not None:
+                with contextlib.suppress(Exception):
+                    self.lease.stop()
+                self.lease = None
+            return
+        self.failed = keys.decision(rid)
+        if keys.decision(rid) not in self.kept:
+            self.kept.append(keys.decision(rid))
+        if isinstance(error, _Decided):
+            return  # the decision is there already
+        ctx.abort(rid, message)
+        if ctx.probe() is not None and self.lease is not None:
+            # The store refuses writes: followers that have not seen this round learn it
+            # from the leader's liveness key vanishing (deletes still work) and a probe.
+            with contextlib.suppress(Exception):
+                self.lease.stop()
+            self.lease = None
+        # The announcement stays (until the next round replaces it, or close()): a follower
+        # that had not read it yet still joins this round and then finds the notice.
+
+    # ------------------------------------------------------------------------- close
+
+    def close(self) -> None:
+        """Release the liveness key; delete the kept commit (the last round's marker) and
+        whatever else of this leader's rounds is left (the fence, acks that timed out). A
+        failed last round keeps its announcement and notice: followers that have not looked
+        yet must still find out (a later run ignores them)."""
+        ctx, keys, n = self.ctx, self.ctx.keys, self.ctx.world_size
+        if self.lease is not None:
+            try:
+                self.lease.stop()
+            except Exception as e:  # noqa: BLE001
+                ctx.log.warning("%s could not release the liveness key: %s", ctx.p, e)
+            self.lease = None
+        keep = set() if self.failed is None else {self.failed, keys.round}
+        mine = [keys.gen, keys.round] if self.announced is not None else []
+        for key in [*self.deferred, *self.kept, *self.merged_kept, *mine]:
+            if key not in keep:
+                ctx.delete_quietly(key)
+        self.merged_kept = []
+        followers = [r for r in range(n) if r != LEADER_RANK]
+        for rid in sorted(self.leftovers):
+            ctx.delete_prefix_quietly(keys.states(rid), [keys.state(rid, r) for r in followers])
+        self._sweep_replaced()
+        self.replaced.clear()
+        if self.announced is not None:
+            ctx.delete_prefix_quietly(keys.probes, [keys.probe(r) for r in range(n)])
+        self.kept = [k for k in self.kept if k in keep]
+        self.deferred = []
+        self.leftovers.clear()
+        ctx.close_watch()
+
+
+def _by(record: dict[str, Any]) -> str:
+    rank = record.get("rank")
+    return f"rank {rank}: " if isinstance(rank, int) else ""
+
+
+def _stats(
+    ctx: RoundContext, rid: str, role: str, ok: bool, deadline: Deadline, before: dict[str, int]
+) -> RoundStats:
+    after = ctx.counters()
+    return RoundStats(
+        round_id=rid,
+        role=role,
+        ok=ok,
+        elapsed_ms=deadline.elapsed_ms(),
+        requests=after["requests"] - before["requests"],
+        bytes_read=after["bytes_read"] - before["bytes_read"],
+        bytes_written=after["bytes_written"] - before["bytes_written"],
+        events=after["events"] - before["events"],
+    )
