@@ -121,3 +121,37 @@ def test_padded_lockstep_every_row_once_with_workers() -> None:
     assert sum(int(s["batch_mask"].sum()) for s in steps) == rows
     assert {s["inputs"].shape for s in steps} == {(LANES * 3, 48)}
     assert (steps[-1]["targets"][~steps[-1]["batch_mask"]] == -100).all()
+
+
+def test_padded_lockstep_world_size_two_to_one_continues_every_lanes_rows() -> None:
+    """Lockstep with pad_last: each step holds every lane's rows in lane order; the real
+    rows (batch_mask) of each lane continue exactly from a 2-rank run into a 1-rank one."""
+
+    def lane_rows(pipes: list[zp.Pipeline], steps: int | None) -> dict[int, list[bytes]]:
+        out: dict[int, list[bytes]] = {}
+        for pipe in pipes:
+            for i, b in enumerate(pipe):
+                lanes = pipe.last_batch_lanes
+                rows = len(b["inputs"]) // len(lanes)
+                for j, lane in enumerate(lanes):
+                    sl = slice(j * rows, (j + 1) * rows)
+                    real = b["batch_mask"][sl]
+                    out.setdefault(lane, []).extend(r.tobytes() for r in b["inputs"][sl][real])
+                if steps is not None and i + 1 == steps:
+                    break
+        return out
+
+    with build(output="lockstep") as p:
+        ref = lane_rows([p], None)
+    pipes = [build(output="lockstep", rank=r, world_size=2, workers=1) for r in range(2)]
+    try:
+        before = lane_rows(pipes, 4)
+        states = [roundtrip(p.checkpoint()) for p in pipes]
+    finally:
+        for p in pipes:
+            p.close()
+    with build(output="lockstep") as p:
+        p.restore(merge_states(states))
+        after = lane_rows([p], None)
+    for lane in range(LANES):
+        assert before.get(lane, []) + after.get(lane, []) == ref[lane], f"lane {lane}"
