@@ -20,6 +20,14 @@ import numpy as np
 
 from zephon._fingerprint import describe_differences, fingerprint_parts
 from zephon.checkpoint.share import Share
+from zephon.checkpoint.state import (
+    FINGERPRINT_PARTS,
+    build_state,
+    check_header,
+    checked_layout,
+    lanes_of_rank,
+    merge_states,
+)
 from zephon.compile import Plan, compile_plan, explain
 from zephon.engine import Engine, closed_error
 from zephon.errors import CheckpointError
@@ -48,13 +56,8 @@ from zephon.work_sources.mixture_change import (
     remap_inflight,
 )
 
-FORMAT = "zephon.pipeline"
 #: Slots per worker ring when ``ring_slots`` is not given (see benchmarks.ring_depth).
 DEFAULT_RING_SLOTS = 8
-FORMAT_VERSION = 1
-#: The part map beside the fingerprint (see :mod:`zephon._fingerprint`); checkpoints made
-#: before it existed lack it.
-FINGERPRINT_PARTS = "fingerprint_parts"
 _OUTPUTS = OUTPUTS
 
 
@@ -647,28 +650,14 @@ class Pipeline:
         plan = self._compiled()
         topo = self._topology
         engine = self._get_engine()
-        state = {
-            "format": FORMAT,
-            "version": FORMAT_VERSION,
-            "fingerprint": self.fingerprint(),
-            FINGERPRINT_PARTS: self.fingerprint_parts(),
-            "canonical_replicas": self.canonical_replicas,
-            "flush_every_k_chunks": plan.flush_every_k_chunks,
-            "eviction": plan.eviction,
-            "topology": {
-                "rank": topo.rank,
-                "world_size": topo.world_size,
-                "dp_rank": topo.dp_rank,
-                "dp_size": topo.dp_size,
-                "canonical_replicas": topo.canonical_replicas,
-            },
-            **engine.state(),
-        }
-        state["round_robin"] = {
-            "dp_size": topo.dp_size,
-            "next_lanes": {str(topo.dp_rank): state.pop("next_lane")},
-        }
-        return state
+        return build_state(
+            self.fingerprint(),
+            self.fingerprint_parts(),
+            plan.flush_every_k_chunks,
+            plan.eviction,
+            topo,
+            engine.state(),
+        )
 
     def aggregate(self, state: dict[str, Any]) -> dict[str, Any]:
         """Run the checkpoint round on a :meth:`local_checkpoint` state when aggregation is
@@ -693,7 +682,7 @@ class Pipeline:
                     rank=topo.rank,
                     world_size=topo.world_size,
                     timeout_s=self.aggregate_timeout_s,
-                    expected_lanes=lambda r: _lanes_of_rank(topo, r),
+                    expected_lanes=lambda r: lanes_of_rank(topo, r),
                     merge=merge_states,
                     fingerprint=self.fingerprint(),  # rounds of two pipelines never meet
                 )
@@ -744,28 +733,20 @@ class Pipeline:
             )
         if not isinstance(state, dict):
             raise CheckpointError(f"checkpoint state must be a dict; got {type(state).__name__}")
-        if state.get("format") != FORMAT:
-            raise CheckpointError(
-                f"not a Zephon pipeline checkpoint (format={state.get('format')!r})"
-            )
-        if state.get("version") != FORMAT_VERSION:
-            raise CheckpointError(
-                f"checkpoint format version {state.get('version')!r} is not supported by this "
-                f"Zephon (supports {FORMAT_VERSION}); upgrade zephon"
-            )
+        check_header(state)
         if state.get("canonical_replicas") != self.canonical_replicas:
             raise CheckpointError(
                 f"checkpoint has canonical_replicas={state.get('canonical_replicas')!r} but this "
                 f"pipeline has {self.canonical_replicas}; lanes are fixed for a training run"
             )
         planned = self._check_fingerprint(state, allow_mixture_change)
-        by_lane, next_lanes, saved_dp_size = _checked_layout(state)
+        by_lane, next_lanes, saved_dp_size = checked_layout(state)
         missing = [lane for lane in self.lanes if lane not in by_lane]
         if missing and isinstance(state, Share):
             # A follower's share of a round, restored on lanes it does not hold: the whole
             # merged state is still in the round's store.
             state = state.merged()
-            by_lane, next_lanes, saved_dp_size = _checked_layout(state)
+            by_lane, next_lanes, saved_dp_size = checked_layout(state)
             missing = [lane for lane in self.lanes if lane not in by_lane]
         if missing and isinstance(state.get("share"), dict):
             share = state["share"]
@@ -1086,44 +1067,6 @@ def _without_batch(parts: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in parts.items() if k.rsplit(".", 1)[0] not in batch}
 
 
-def _checked_layout(state: dict[str, Any]) -> tuple[dict[int, Any], dict[int, int], int]:
-    """The lane states by lane, the round-robin's next lane per DP rank and its dp_size,
-    checked for shape; a CheckpointError names what is malformed."""
-    from zephon.tracking import checked_count
-
-    def fail(what: str, value: Any) -> CheckpointError:
-        return CheckpointError(
-            f"malformed checkpoint: {what}; got {type(value).__name__} {value!r:.80}"
-        )
-
-    def count(what: str, value: Any) -> int:
-        try:
-            return checked_count(what, value)
-        except CheckpointError as e:
-            raise CheckpointError(f"malformed checkpoint: {e}") from None
-
-    lanes, rr = state.get("lanes"), state.get("round_robin")
-    if not isinstance(lanes, list):
-        raise fail("'lanes' must be a list of lane states", lanes)
-    by_lane: dict[int, Any] = {}
-    for ls in lanes:
-        if not isinstance(ls, dict) or "lane" not in ls:
-            raise fail("every entry of 'lanes' must be a dict with a 'lane'", ls)
-        lane = count("a lane id", ls["lane"])
-        if lane in by_lane:
-            raise CheckpointError(f"malformed checkpoint: lane {lane} appears twice in 'lanes'")
-        by_lane[lane] = ls
-    if not isinstance(rr, dict) or not isinstance(rr.get("next_lanes"), dict):
-        raise fail("'round_robin' must be a dict with a 'next_lanes' dict", rr)
-    saved_dp_size = count("round_robin dp_size", rr.get("dp_size"))
-    next_lanes = {}
-    for key, value in rr["next_lanes"].items():
-        if not (isinstance(key, str) and key.isdigit()):
-            raise fail("round_robin next_lanes keys must be DP ranks written as str", key)
-        next_lanes[int(key)] = count(f"round_robin next_lanes[{key!r}]", value)
-    return by_lane, next_lanes, saved_dp_size
-
-
 def _skipped_records(source: Any) -> dict[str, dict[str, int]]:
     """``ds.skipped_records()`` per component name. These datasets decide what to skip while
     they are built, in this process, so this process's objects know the counts whatever
@@ -1152,62 +1095,3 @@ def _parallelism(p: int) -> int:
     if not isinstance(p, int) or p < 1:
         raise ValueError(f"parallelism must be a positive int; got {p!r}")
     return p
-
-
-def _lanes_of_rank(topo: Topology, rank: int) -> list[int]:
-    """Lanes that ``rank`` must report, by this rank's view of the job's layout: ranks are
-    dealt to DP groups like the default (dp_rank = rank * dp_size // world_size)."""
-    dp_rank = rank * topo.dp_size // topo.world_size
-    per = topo.canonical_replicas // topo.dp_size
-    return list(range(dp_rank * per, (dp_rank + 1) * per))
-
-
-def merge_states(states: list[dict[str, Any]]) -> dict[str, Any]:
-    """Every rank's state (index = rank) into one covering all lanes.
-
-    Model-parallel peers of one DP group read the same lanes, so their lane states must
-    be identical; the group's lowest rank speaks for it.
-    """
-    from zephon.errors import AggregationError
-
-    first = states[0]
-    lanes: dict[int, Any] = {}
-    owner: dict[int, int] = {}
-    next_lanes: dict[str, int] = {}
-    for rank, st in enumerate(states):
-        if st["fingerprint"] != first["fingerprint"]:
-            parts, first_parts = st.get(FINGERPRINT_PARTS), first.get(FINGERPRINT_PARTS)
-            what = (
-                "; ".join(describe_differences(parts, first_parts, f"rank {rank}", "rank 0"))
-                if isinstance(parts, dict) and isinstance(first_parts, dict)
-                else ""
-            )
-            raise AggregationError(
-                f"rank {rank}'s pipeline fingerprint {st['fingerprint'][:12]}… differs from rank 0's "
-                f"{first['fingerprint'][:12]}…{': ' + what if what else ''}: every rank must build "
-                "the same pipeline over the same data"
-            )
-        next_lanes.update(st["round_robin"]["next_lanes"])
-        for ls in st["lanes"]:
-            lane = int(ls["lane"])
-            if lane in lanes:
-                if lanes[lane] != ls:
-                    raise AggregationError(
-                        f"ranks {owner[lane]} and {rank} report different states for lane {lane}: "
-                        "model-parallel peers of a DP group must consume the same batches"
-                    )
-                continue
-            lanes[lane] = ls
-            owner[lane] = rank
-    merged = {k: v for k, v in first.items() if k not in ("lanes", "topology", "round_robin")}
-    merged["lanes"] = [lanes[lane] for lane in sorted(lanes)]
-    merged["topology"] = {
-        "rank": 0,
-        "world_size": first["topology"]["world_size"],
-        "dp_rank": 0,
-        "dp_size": first["topology"]["dp_size"],
-        "canonical_replicas": first["topology"]["canonical_replicas"],
-        "merged": True,
-    }
-    merged["round_robin"] = {"dp_size": first["round_robin"]["dp_size"], "next_lanes": next_lanes}
-    return merged

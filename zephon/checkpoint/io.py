@@ -33,6 +33,7 @@ import msgpack
 import zstandard
 
 from zephon.checkpoint.atomic import atomic_write_bytes
+from zephon.checkpoint.state import FORMAT_VERSION
 from zephon.errors import CheckpointError
 
 __all__ = [
@@ -48,7 +49,6 @@ __all__ = [
 ]
 
 MAGIC = b"ZEPHONCK"
-FORMAT_VERSION = 1
 DEFAULT_MAX_BYTES = 1 << 30
 
 _HEADER = struct.Struct("<8sIIQQ32s")

@@ -47,8 +47,8 @@ from orbax.checkpoint import multihost
 from orbax.checkpoint import options as ocp_options
 
 from zephon.checkpoint.io import dumps, loads
+from zephon.checkpoint.state import merge_states
 from zephon.errors import CheckpointError
-from zephon.pipeline import merge_states
 
 __all__ = ["CheckpointRestore", "CheckpointSave", "LoaderCheckpointHandler"]
 
