@@ -27,7 +27,14 @@ from zephon.records import (
     SampleCursor,
     Tombstone,
 )
-from zephon.sources import ArraySource, HFSource, JsonlSource, ParquetSource, TokenFileSource
+from zephon.sources import (
+    ArrayRecordSource,
+    ArraySource,
+    HFSource,
+    JsonlSource,
+    ParquetSource,
+    TokenFileSource,
+)
 from zephon.tokenizer_adapters import HFTokenizer, SentencePieceTokenizer
 from zephon.tokenizers import ByteTokenizer
 from zephon.work_sources import (
@@ -43,6 +50,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AggregationError",
+    "ArrayRecordSource",
     "ArraySource",
     "BatchRecord",
     "ByteTokenizer",

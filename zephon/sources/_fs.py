@@ -101,9 +101,7 @@ def is_pattern(path: str) -> bool:
     return not _GLOB_CHARS.isdisjoint(path)
 
 
-def expand_paths(
-    owner: str, paths: PathsArg, storage_options: StorageOptions = None
-) -> list[str]:
+def expand_paths(owner: str, paths: PathsArg, storage_options: StorageOptions = None) -> list[str]:
     """One path, a list of paths, or glob patterns (``data/*.jsonl``, ``s3://b/p/**/*.bin``)
     as a non-empty list of files: each pattern replaced by the files it matches in sorted
     order, other paths kept where they are. A path that exists is never a pattern, even

@@ -60,12 +60,13 @@ _HEADER_MAX = 1 << 20
 BUILD_THREADS = min(8, os.cpu_count() or 1)
 
 
-
 class FileReader:
     """What a builder reads one file through: ``blocks()`` streams it whole (a scan),
     ``path`` and ``size`` let it read what it needs otherwise (a footer)."""
 
-    def __init__(self, owner: str, path: str, size: int, options: StorageOptions, timeout_s: float, bar: Any) -> None:
+    def __init__(
+        self, owner: str, path: str, size: int, options: StorageOptions, timeout_s: float, bar: Any
+    ) -> None:
         self.owner, self.path, self.size = owner, path, size
         self.storage_options, self.timeout_s = options, timeout_s
         self.first = b""
@@ -156,12 +157,21 @@ def map_array(header: dict[str, Any]) -> np.ndarray:
     )
 
 
-def write(path: str, kind: str, key: dict[str, Any], array: np.ndarray, extra: dict[str, Any]) -> dict[str, Any] | None:
+def write(
+    path: str, kind: str, key: dict[str, Any], array: np.ndarray, extra: dict[str, Any]
+) -> dict[str, Any] | None:
     """Write the cache at the first writable location; its header, or None (with a
     warning, once per process) when none is."""
     global _warned_unwritable
     array = np.ascontiguousarray(array)
-    header = {**key, "format": FORMAT, "kind": kind, "dtype": array.dtype.str, "count": len(array), "extra": extra}
+    header = {
+        **key,
+        "format": FORMAT,
+        "kind": kind,
+        "dtype": array.dtype.str,
+        "count": len(array),
+        "extra": extra,
+    }
     raw = json.dumps(header, sort_keys=True).encode()
     data_offset = -(-(24 + len(raw)) // _ALIGN) * _ALIGN
     prefix = MAGIC + data_offset.to_bytes(8, "little") + len(raw).to_bytes(8, "little") + raw
@@ -391,8 +401,7 @@ class FileIndexes:
         # held in memory (no cache could be written) travel with the object.
         state = {k: v for k, v in self.__dict__.items() if k != "_lock"}
         state["_arrays"] = [
-            None if h is not None else a
-            for h, a in zip(self._headers, self._arrays, strict=True)
+            None if h is not None else a for h, a in zip(self._headers, self._arrays, strict=True)
         ]
         return state
 
