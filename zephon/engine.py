@@ -304,6 +304,7 @@ class Engine:
             "final_prefetch": self.prefetch,
             "replayed_chunks": self.replayed_chunks,
             "replay_dropped_records": sum(c.replay_dropped for c in self.lane_counts.values()),
+            "io_retries": sum(c.io_retries for c in self.lane_counts.values()),
             **self.executor.extra_stats(),
         }
 

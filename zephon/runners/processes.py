@@ -247,7 +247,7 @@ class _Worker:
         committed in) or a record, with its contributors and tombstones."""
         meta: dict[str, Any] = {"lane": out.lane, "tombstones": _flat(out.tombstones)}
         if out.counts is not None:
-            meta["counts"] = [list(out.counts.ops), out.counts.replay_dropped]
+            meta["counts"] = [list(out.counts.ops), out.counts.replay_dropped, out.counts.io_retries]
         rec = out.record
         if out.end or rec is None:
             meta["end"] = True
@@ -851,7 +851,7 @@ class ProcessExecutor:
         tombs = _unflat(meta["tombstones"])
         counts = meta.get("counts")
         if counts is not None:
-            counts = LaneCounts([tuple(c) for c in counts[0]], int(counts[1]))  # type: ignore[misc]
+            counts = LaneCounts([tuple(c) for c in counts[0]], int(counts[1]), int(counts[2]))  # type: ignore[misc]
         if meta.get("end"):
             msg.release()
             return LaneOutput(lane, None, tombs, end=True, counts=counts)

@@ -152,7 +152,9 @@ def filesystem(owner: str, url: str, storage_options: StorageOptions = None) -> 
         ) from e
     options = dict(storage_options or {})
     protocol = url.split("://", 1)[0]
-    if protocol in ("s3", "s3a"):
+    s3 = protocol in ("s3", "s3a")
+    retries = options.pop("retries", 1) if s3 else None
+    if s3:
         options = _s3_defaults(options)
     try:
         fs, path = fsspec.core.url_to_fs(url, **options)
@@ -161,13 +163,14 @@ def filesystem(owner: str, url: str, storage_options: StorageOptions = None) -> 
             f"{owner}: reading {url!r} needs the filesystem package for {protocol}:// "
             f"({e}); for s3:// install `zephon[s3]`"
         ) from e
+    if retries is not None:
+        fs.retries = retries  # s3fs's own attempts per call (its class default is 5)
     return fs, path
 
 
 def _s3_defaults(options: dict[str, Any]) -> dict[str, Any]:
     """s3fs and botocore retry on their own, unbounded by our timeout and uncounted: off
-    unless the caller set them."""
-    options.setdefault("retries", 1)
+    unless the caller set them (``retries`` for s3fs, ``config_kwargs["retries"]``)."""
     config = dict(options.get("config_kwargs") or {})
     config.setdefault("retries", {"max_attempts": 1})
     config.setdefault("connect_timeout", 5)
