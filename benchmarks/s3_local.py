@@ -145,7 +145,9 @@ class Proxy:
                     self.send_response(response.status, response.reason)
                     head = self.command == "HEAD"  # keeps the object's Content-Length
                     for key, value in response.getheaders():
-                        if key.lower() in _HOP_HEADERS or (key.lower() == "content-length" and not head):
+                        if key.lower() in _HOP_HEADERS or (
+                            key.lower() == "content-length" and not head
+                        ):
                             continue
                         self.send_header(key, value)
                     if not head:

@@ -72,7 +72,9 @@ def corpus(s3, tmp_path_factory):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    pq.write_table(pa.Table.from_pylist([{"text": d} for d in docs]), local / "docs.parquet", row_group_size=9)
+    pq.write_table(
+        pa.Table.from_pylist([{"text": d} for d in docs]), local / "docs.parquet", row_group_size=9
+    )
     rng = np.random.default_rng(0)
     tokens = rng.integers(1, 500, size=3000).astype("<u2")
     tokens[rng.integers(0, 3000, size=40)] = 0

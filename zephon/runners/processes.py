@@ -247,7 +247,11 @@ class _Worker:
         committed in) or a record, with its contributors and tombstones."""
         meta: dict[str, Any] = {"lane": out.lane, "tombstones": _flat(out.tombstones)}
         if out.counts is not None:
-            meta["counts"] = [list(out.counts.ops), out.counts.replay_dropped, out.counts.io_retries]
+            meta["counts"] = [
+                list(out.counts.ops),
+                out.counts.replay_dropped,
+                out.counts.io_retries,
+            ]
         rec = out.record
         if out.end or rec is None:
             meta["end"] = True

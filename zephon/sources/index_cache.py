@@ -407,4 +407,5 @@ class FileIndexes:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self.built = 0  # counts this process's scans
         self._lock = threading.Lock()
