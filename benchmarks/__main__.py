@@ -14,6 +14,7 @@ Questions (one script each, also runnable alone as ``python -m benchmarks.<modul
     q9  many_lanes        one rank owning thousands of lanes (elastic shrink) against 8
     q10 worker_memory     a 500 MB in-memory dataset with 2 workers: summed PSS, first batch
     q11 many_components   mixtures of 2 to 1,000 components: next_chunk, memory, throughput
+    q12 data_at_scale     index scan vs cache, first batch at 10,000 files, fetch over S3 + latency
 
 Each writes ``<results>/<module>.json`` (rows plus the machine, package versions and date)
 and, where it has one, ``<results>/<module>.png``; this runner also writes
@@ -43,6 +44,7 @@ QUESTIONS: dict[str, tuple[str, str]] = {
     "q9": ("many_lanes", "one rank owning many lanes"),
     "q10": ("worker_memory", "in-memory dataset with workers: memory, first batch"),
     "q11": ("many_components", "mixtures of many components"),
+    "q12": ("data_at_scale", "sharded files, index caches, object storage"),
 }
 # Scripts that compare with Grain and accept --no-grain.
 _GRAIN = {"q1", "q2", "q4", "q5"}

@@ -100,6 +100,13 @@ class S3Server:
         self.close()
 
 
+class _QuietServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # a client that hangs up (or a dropped connection) is not news here
+
+
 class Proxy:
     """Forwards HTTP requests to ``127.0.0.1:target_port``, each after ``delay_s``; the next
     ``fail_next(n)`` requests are answered by closing the connection instead."""
@@ -160,7 +167,7 @@ class Proxy:
 
             do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _forward
 
-        self._httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd = _QuietServer(("127.0.0.1", 0), Handler)
         self._httpd.daemon_threads = True
         self.port = int(self._httpd.server_address[1])
         self.endpoint = f"http://127.0.0.1:{self.port}"

@@ -31,6 +31,7 @@ SCRIPTS = [
     "many_lanes",
     "worker_memory",
     "many_components",
+    "data_at_scale",
 ]
 
 
