@@ -11,8 +11,8 @@ every request or drops the next few connections (transient failures).
 from __future__ import annotations
 
 import http.client
-import logging
 import http.server
+import logging
 import socket
 import threading
 import time

@@ -21,7 +21,9 @@ def _pipeline(delay_s: float) -> zp.Pipeline:
 
 def test_a_busy_loop_starved_of_data_is_warned_once_naming_the_knobs():
     with _pipeline(delay_s=0.004) as pipe:  # ~16 ms of loading per batch
-        with pytest.warns(zp.DataStallWarning, match=r"waiting in next\(\).*workers=0, prefetch=0") as got:
+        with pytest.warns(
+            zp.DataStallWarning, match=r"waiting in next\(\).*workers=0, prefetch=0"
+        ) as got:
             for _ in range(80):
                 next(pipe)
                 time.sleep(0.02)  # the training step

@@ -421,8 +421,7 @@ class FileIndexes:
         # lists go as one msgpack blob: dill pickles 10,000 small dicts one by one (~1.7 s).
         state = {k: v for k, v in self.__dict__.items() if k not in ("_lock", *self._PACKED)}
         state["_arrays"] = [
-            None if h is not None else a
-            for h, a in zip(self._headers, self._arrays, strict=True)
+            None if h is not None else a for h, a in zip(self._headers, self._arrays, strict=True)
         ]
         state["_packed"] = msgpack.packb(
             {k: getattr(self, k) for k in self._PACKED}, use_bin_type=True
@@ -433,6 +432,6 @@ class FileIndexes:
         packed = msgpack.unpackb(state.pop("_packed"), raw=False, strict_map_key=False)
         self.__dict__.update(state)
         self.__dict__.update(packed)
-        self._infos = {k: tuple(v) for k, v in self._infos.items()}
+        self._infos = {k: (int(v[0]), str(v[1])) for k, v in self._infos.items()}
         self.built = 0  # counts this process's scans
         self._lock = threading.Lock()
