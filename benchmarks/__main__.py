@@ -15,6 +15,9 @@ Questions (one script each, also runnable alone as ``python -m benchmarks.<modul
     q10 worker_memory     a 500 MB in-memory dataset with 2 workers: summed PSS, first batch
     q11 many_components   mixtures of 2 to 1,000 components: next_chunk, memory, throughput
     q12 packing           first fit, best fit, concat-then-split: padding and batches/s vs Grain
+    q13 data_at_scale     index scan vs cache, first batch at 10,000 files, fetch over S3 + latency
+    q14 random_map        random_map's per-record generators against map with one generator
+    q15 pretokenized      token file -> split -> pack -> batch in process, vs Grain first fit
 
 Each writes ``<results>/<module>.json`` (rows plus the machine, package versions and date)
 and, where it has one, ``<results>/<module>.png``; this runner also writes
@@ -45,9 +48,12 @@ QUESTIONS: dict[str, tuple[str, str]] = {
     "q10": ("worker_memory", "in-memory dataset with workers: memory, first batch"),
     "q11": ("many_components", "mixtures of many components"),
     "q12": ("packing", "packing strategies vs Grain's packers"),
+    "q13": ("data_at_scale", "sharded files, index caches, object storage"),
+    "q14": ("random_map", "random_map against map"),
+    "q15": ("pretokenized", "pre-tokenized split -> pack -> batch vs Grain"),
 }
 # Scripts that compare with Grain and accept --no-grain.
-_GRAIN = {"q1", "q2", "q4", "q5", "q12"}
+_GRAIN = {"q1", "q2", "q4", "q5", "q12", "q15"}
 
 
 def _parse_only(text: str | None) -> list[str]:

@@ -9,6 +9,7 @@ from zephon.errors import (
     AggregationError,
     CheckpointError,
     ContractViolation,
+    DataStallWarning,
     LengthIndexError,
     PipelineClosedError,
     RingError,
@@ -27,7 +28,14 @@ from zephon.records import (
     SampleCursor,
     Tombstone,
 )
-from zephon.sources import ArraySource, HFSource, JsonlSource, ParquetSource, TokenFileSource
+from zephon.sources import (
+    ArrayRecordSource,
+    ArraySource,
+    HFSource,
+    JsonlSource,
+    ParquetSource,
+    TokenFileSource,
+)
 from zephon.tokenizer_adapters import HFTokenizer, SentencePieceTokenizer
 from zephon.tokenizers import ByteTokenizer
 from zephon.work_sources import (
@@ -43,12 +51,14 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AggregationError",
+    "ArrayRecordSource",
     "ArraySource",
     "BatchRecord",
     "ByteTokenizer",
     "CheckpointError",
     "ContractViolation",
     "Contributor",
+    "DataStallWarning",
     "FlushSentinel",
     "HFSource",
     "HFTokenizer",

@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
+import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
 
 from zephon.compile import Plan
-from zephon.errors import CheckpointError, PipelineClosedError
+from zephon.errors import CheckpointError, DataStallWarning, PipelineClosedError
 from zephon.runners.base import Executor, LaneRun
 from zephon.runners.chain import LaneCounts, LaneOutput
 from zephon.runners.lanes import schedule
@@ -66,6 +68,12 @@ def concat_lockstep(outputs: list[LaneOutput], pad: Any = None) -> Any:
     return np.concatenate(datas)
 
 
+#: The data-stall warning fires when the consumer waits in next() for more than this share
+#: of its time, once it has been busy between batches for STALL_MIN_BUSY_S.
+STALL_FRACTION = 0.10
+STALL_MIN_BUSY_S = 1.0
+
+
 class Engine:
     def __init__(
         self,
@@ -103,6 +111,14 @@ class Engine:
         self.closed = False
         #: Each lane's operator counters as of its last delivered output (see stats()).
         self.lane_counts: dict[int, LaneCounts] = {}
+        #: How the knobs stand, for the data-stall warning (e.g. "workers=0, prefetch=3").
+        self.knobs = f"prefetch={prefetch}"
+        self._calls = 0
+        self._wait_s = 0.0  # inside next(), the first call (start-up) left out
+        self._busy_s = 0.0  # between a next() returning and the next call
+        self._first_s: float | None = None
+        self._returned_at: float | None = None
+        self._stall_warned = False
 
     # ------------------------------------------------------------ production
     def pull(self, lane: int) -> list[Any]:
@@ -202,6 +218,45 @@ class Engine:
 
     # -------------------------------------------------------------- delivery
     def next(self) -> Any:
+        """The next batch; times how long the consumer waits in here (see stats())."""
+        entered = time.perf_counter()
+        if self._returned_at is not None:
+            self._busy_s += entered - self._returned_at
+        try:
+            return self._next()
+        finally:
+            left = time.perf_counter()
+            if self._calls:
+                self._wait_s += left - entered
+            else:
+                self._first_s = left - entered
+            self._calls += 1
+            self._returned_at = left
+            if not self._stall_warned and self._calls % 16 == 0:
+                self._check_stall()
+
+    def wait_fraction(self) -> float:
+        """The share of the consumer's time since its first batch spent waiting in next()."""
+        total = self._wait_s + self._busy_s
+        return self._wait_s / total if total > 0 else 0.0
+
+    def _check_stall(self) -> None:
+        # Only a consumer that works between batches (a training loop busy for a second or
+        # more) is starved by waiting; a loop that only drains the pipeline always waits.
+        if self._busy_s < STALL_MIN_BUSY_S or self.wait_fraction() <= STALL_FRACTION:
+            return
+        self._stall_warned = True
+        warnings.warn(
+            f"zephon: the training loop spent {self.wait_fraction():.0%} of its time waiting "
+            f"in next() for data over {self._calls} batches (more than "
+            f"{STALL_FRACTION:.0%}); the loader is the bottleneck: raise Pipeline(workers=...) "
+            f"or prefetch=, or fetch(parallelism=) for slow storage (now {self.knobs}). "
+            "stats()['next_wait_fraction'] follows it. Warned once per run",
+            DataStallWarning,
+            stacklevel=3,
+        )
+
+    def _next(self) -> Any:
         if self.closed:
             raise closed_error()
         if self._error is not None:
@@ -332,6 +387,10 @@ class Engine:
             "final_prefetch": self.prefetch,
             "replayed_chunks": self.replayed_chunks,
             "replay_dropped_records": sum(c.replay_dropped for c in self.lane_counts.values()),
+            "io_retries": sum(c.io_retries for c in self.lane_counts.values()),
+            "next_wait_fraction": round(self.wait_fraction(), 4),
+            "next_wait_s": round(self._wait_s, 6),
+            "first_batch_s": None if self._first_s is None else round(self._first_s, 6),
             **self.executor.extra_stats(),
         }
 

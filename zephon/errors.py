@@ -49,3 +49,8 @@ class AggregationError(ZephonError, RuntimeError):
 class LengthIndexError(ZephonError, ValueError):
     """A length index (``zephon lengths``) is missing, unfinished, corrupt, or no longer
     matches its dataset or tokenizer."""
+
+
+class DataStallWarning(UserWarning):
+    """The training loop waits for data in ``next()`` more than 10% of its time: the loader
+    is the bottleneck (the message names the knobs). Issued once per run."""

@@ -11,9 +11,10 @@ from __future__ import annotations
 import copy
 import hashlib
 import math
+import os
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import msgpack
 import numpy as np
@@ -73,6 +74,9 @@ class Pipeline:
         workers: worker processes for this rank (0: run in this process). Datasets reach
             them by reference (memory-mapped files reopened, in-memory arrays shared once;
             a dataset may define ``__zephon_reopen__``: see ``zephon.runners.shipping``).
+            ``"auto"``: :func:`auto_workers` — one per CPU this process may run on, less
+            one for the training loop, at most 8 and at most this rank's lanes (a machine
+            with one CPU gets 0).
         rank, world_size, dp_rank, dp_size: this process's place in a multi-host job;
             default to JAX's process index/count when ``jax.distributed`` is initialised.
         output: ``"interleave"`` (one lane's batch per step, round-robin) or ``"lockstep"``
@@ -112,7 +116,7 @@ class Pipeline:
         *,
         canonical_replicas: int = 8,
         flush_every_k_chunks: int | None = None,
-        workers: int = 0,
+        workers: int | Literal["auto"] = 0,
         rank: int | None = None,
         world_size: int | None = None,
         dp_rank: int | None = None,
@@ -136,15 +140,17 @@ class Pipeline:
             )
         if output not in _OUTPUTS:
             raise ValueError(f"output must be one of {_OUTPUTS}; got {output!r}")
-        if not isinstance(workers, int) or isinstance(workers, bool) or workers < 0:
-            raise ValueError(f"workers must be an int >= 0; got {workers!r}")
+        if workers != "auto" and (
+            not isinstance(workers, int) or isinstance(workers, bool) or workers < 0
+        ):
+            raise ValueError(f"workers must be an int >= 0 or 'auto'; got {workers!r}")
         if not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 0:
             raise ValueError(f"prefetch must be an int >= 0; got {prefetch!r}")
         if ring_slots is None:
             ring_slots = DEFAULT_RING_SLOTS
         if not isinstance(ring_slots, int) or isinstance(ring_slots, bool) or ring_slots < 2:
             raise ValueError(f"ring_slots must be None or an int >= 2; got {ring_slots!r}")
-        if zero_copy and workers > 0 and ring_slots < prefetch + 2:
+        if zero_copy and (workers == "auto" or workers > 0) and ring_slots < prefetch + 2:
             raise ValueError(
                 f"zero_copy=True needs ring_slots >= prefetch + 2 (the batch handed out and "
                 f"the {prefetch} prefetched ones hold ring slots while they live); got "
@@ -169,6 +175,8 @@ class Pipeline:
             raise ValueError(
                 f"flush_every_k_chunks must be None or an int >= 0; got {flush_every_k_chunks!r}"
             )
+        if workers == "auto":
+            workers = auto_workers(len(self._topology.lanes))
         self.source = source
         self.canonical_replicas = canonical_replicas
         self.flush_every_k_chunks = flush_every_k_chunks
@@ -600,6 +608,7 @@ class Pipeline:
             else:
                 executor = LocalExecutor(plan)
             self._engine = Engine(plan, trackers, self.output, self.prefetch, executor)
+            self._engine.knobs = f"workers={self.workers}, prefetch={self.prefetch}"
         return self._engine
 
     def _components(self) -> tuple[tuple[str, Any], ...]:
@@ -983,7 +992,12 @@ class Pipeline:
         ``replay_dropped_records`` counts records the replay filter dropped after a
         restore, counted the same way. ``skipped_records``: per component name, the
         records its dataset left out by kind (for datasets with a ``skipped_records()``
-        method, such as ``JsonlSource(on_error="skip")``)."""
+        method, such as ``JsonlSource(on_error="skip")``). ``io_retries``: reads the
+        fetch operator retried after transient storage failures (counted per lane, with or
+        without workers). ``next_wait_fraction``: the share of the consumer's time since
+        its first batch spent waiting inside ``next()`` (``next_wait_s`` in seconds;
+        ``first_batch_s`` the first call's); above 10% for a loop that is busy between
+        batches, a ``DataStallWarning`` names the knobs, once per run."""
         st = self._get_engine().stats()
         if isinstance(self._last_checkpoint, dict):
             self._last_checkpoint = len(msgpack.packb(self._last_checkpoint, use_bin_type=True))
@@ -1095,3 +1109,18 @@ def _parallelism(p: int) -> int:
     if not isinstance(p, int) or p < 1:
         raise ValueError(f"parallelism must be a positive int; got {p!r}")
     return p
+
+
+#: The most worker processes ``workers="auto"`` picks.
+AUTO_WORKERS_MAX = 8
+
+
+def auto_workers(lanes: int) -> int:
+    """What ``Pipeline(workers="auto")`` picks: the CPUs this process may run on (its
+    affinity mask, else ``os.cpu_count()``) less one for the training loop, at most
+    :data:`AUTO_WORKERS_MAX` and at most ``lanes`` (a worker owns whole lanes)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return max(0, min(cpus - 1, AUTO_WORKERS_MAX, lanes))

@@ -32,6 +32,9 @@ SCRIPTS = [
     "worker_memory",
     "many_components",
     "packing",
+    "data_at_scale",
+    "random_map",
+    "pretokenized",
 ]
 
 
@@ -83,6 +86,11 @@ def test_script_quick(name, tmp_path, capsys):
         if any(r["loader"] == "grain" for r in rows):
             assert {r["strategy"] for r in rows if r["loader"] == "grain"} == set(strategies)
             assert all(zephon[s]["x grain"] > 0 for s in strategies), rows
+    elif name == "random_map":
+        assert [r["operator"] for r in rows][:2] == ["map", "random_map"], rows
+        assert all(r["us_per_record"] > 0 for r in rows), rows
+    elif name == "pretokenized":
+        assert rows[0]["loader"] == "zephon" and rows[0]["batches"] > 0, rows
     elif name == "restore":
         assert all(r["exact"] for r in rows), rows
     elif name == "worker_memory":

@@ -106,10 +106,22 @@ def test_bad_output_mode() -> None:
         zp.Pipeline(source(), output="roundrobin")
 
 
-@pytest.mark.parametrize("bad", [-1, 1.5, "2"])
+@pytest.mark.parametrize("bad", [-1, 1.5, "2", "Auto"])
 def test_bad_workers(bad) -> None:
-    with pytest.raises(ValueError, match=rf"workers must be an int >= 0; got {bad!r}"):
+    with pytest.raises(ValueError, match=rf"workers must be an int >= 0 or 'auto'; got {bad!r}"):
         zp.Pipeline(source(), workers=bad)
+
+
+def test_auto_workers_follows_the_cpus_and_the_lanes(monkeypatch) -> None:
+    from zephon import pipeline as pipeline_module
+
+    monkeypatch.setattr(pipeline_module.os, "sched_getaffinity", lambda pid: set(range(16)))
+    assert zp.Pipeline(source(), canonical_replicas=8, workers="auto").workers == 8
+    assert zp.Pipeline(source(), canonical_replicas=4, workers="auto").workers == 4
+    monkeypatch.setattr(pipeline_module.os, "sched_getaffinity", lambda pid: {0, 1, 2})
+    assert zp.Pipeline(source(), canonical_replicas=8, workers="auto").workers == 2
+    monkeypatch.setattr(pipeline_module.os, "sched_getaffinity", lambda pid: {0})
+    assert zp.Pipeline(source(), canonical_replicas=8, workers="auto").workers == 0
 
 
 @pytest.mark.parametrize("bad", [-1, 0.5, None])

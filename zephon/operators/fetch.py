@@ -8,6 +8,7 @@ from typing import Any
 from zephon.chunks import SamplePointer
 from zephon.operators.base import Operator, OpTraits, Output, PipelineContext
 from zephon.records import Record
+from zephon.sources._fs import thread_io_retries
 
 
 def read_many(dataset: Any, indices: list[int]) -> list[Any]:
@@ -31,6 +32,8 @@ class Fetch(Operator):
     def __init__(self, parallelism: int = 1) -> None:
         self.parallelism = parallelism
         self._datasets: Sequence[Any] = ()
+        #: Reads retried after transient I/O failures, per lane (``stats()["io_retries"]``).
+        self.io_retries: dict[int, int] = {}
 
     def bind(self, ctx: PipelineContext) -> None:
         self._datasets = ctx.datasets
@@ -46,11 +49,23 @@ class Fetch(Operator):
 
     def process_batch(self, records: list[Record]) -> list[Output]:
         pointers = [r.data for r in records]
-        samples = self.read([c for c, _ in pointers], [i for _, i in pointers])
+        lane = records[0].lane if records else None
+        samples = self.read([c for c, _ in pointers], [i for _, i in pointers], lane)
         return [r.replace(s) for r, s in zip(records, samples, strict=True)]
 
-    def read(self, comps: list[int], indices: list[int]) -> list[Any]:
-        """Sample ``k`` is row ``indices[k]`` of dataset ``comps[k]``; one read per dataset."""
+    def read(self, comps: list[int], indices: list[int], lane: int | None = None) -> list[Any]:
+        """Sample ``k`` is row ``indices[k]`` of dataset ``comps[k]``; one read per dataset
+        (a file source reads a batch with concurrent, coalesced range requests). Retries
+        the sources made on this thread are counted for ``lane``."""
+        before = thread_io_retries()
+        try:
+            return self._read(comps, indices)
+        finally:
+            retried = thread_io_retries() - before
+            if retried and lane is not None:
+                self.io_retries[lane] = self.io_retries.get(lane, 0) + retried
+
+    def _read(self, comps: list[int], indices: list[int]) -> list[Any]:
         if comps and comps.count(comps[0]) == len(comps):
             return read_many(self._datasets[comps[0]], indices)
         by_component: dict[int, list[int]] = {}

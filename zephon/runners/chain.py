@@ -28,6 +28,7 @@ from zephon.chunks import WorkChunk
 from zephon.compile import Plan
 from zephon.errors import ContractViolation
 from zephon.operators.base import Operator, OpStats
+from zephon.operators.fetch import Fetch
 from zephon.records import Contributor, FlushSentinel, Record, Tombstone
 from zephon.stages.base import ReplayView
 from zephon.stages.read import ChunkRecords
@@ -35,10 +36,12 @@ from zephon.stages.read import ChunkRecords
 
 class LaneCounts(NamedTuple):
     """One lane's operator counters at one moment: ``(records_in, records_out, seconds)``
-    per operator of the chain, and how many records the replay filter dropped."""
+    per operator of the chain, how many records the replay filter dropped, and how many
+    reads the fetch operator retried after transient I/O failures."""
 
     ops: list[tuple[int, int, float]]
     replay_dropped: int
+    io_retries: int = 0
 
 
 class LaneOutput:
@@ -96,6 +99,7 @@ class ChainRunner:
         self.stats: list[OpStats] = [OpStats() for _ in self.ops]
         self._lane_stats: dict[int, list[OpStats]] = {}
         self._self_counting = [step for step in self.steps if step.counts_itself]
+        self._fetches = [op for op in self.ops if isinstance(op, Fetch)]
         # A first step that takes a chunk's read samples as they are, without records.
         first = self.steps[0].run if self.steps and self.head.fetch is not None else None
         self._takes_samples = first if hasattr(first, "process_samples") else None
@@ -116,7 +120,9 @@ class ChainRunner:
         """``lane``'s counters now."""
         stats = self._lane_stats.get(lane) or [OpStats() for _ in self.ops]
         dropped = self.replay_filter.dropped.get(lane, 0)  # type: ignore[attr-defined]
-        return LaneCounts([(s.records_in, s.records_out, s.seconds) for s in stats], dropped)
+        retried = sum(op.io_retries.get(lane, 0) for op in self._fetches)
+        ops = [(s.records_in, s.records_out, s.seconds) for s in stats]
+        return LaneCounts(ops, dropped, retried)
 
     def feed(
         self, items: Sequence[WorkChunk | FlushSentinel], first: bool = False

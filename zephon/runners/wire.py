@@ -96,7 +96,7 @@ def output_meta(out: LaneOutput, data: Any) -> tuple[dict[str, Any], list[np.nda
     the record's data, already built; None at the end of a lane)."""
     meta: dict[str, Any] = {LANE: out.lane, TOMBSTONES: flat(out.tombstones)}
     if out.counts is not None:
-        meta[COUNTS] = [list(out.counts.ops), out.counts.replay_dropped]
+        meta[COUNTS] = [list(out.counts.ops), out.counts.replay_dropped, out.counts.io_retries]
     rec = out.record
     if out.end or rec is None:
         meta[END] = True
@@ -122,7 +122,8 @@ def decode_output(meta: dict[str, Any], arrays: list[np.ndarray]) -> LaneOutput:
     tombs = unflat(meta[TOMBSTONES])
     counts = meta.get(COUNTS)
     if counts is not None:
-        counts = LaneCounts([tuple(c) for c in counts[0]], int(counts[1]))  # type: ignore[misc]
+        ops = [tuple(c) for c in counts[0]]
+        counts = LaneCounts(ops, int(counts[1]), int(counts[2]))  # type: ignore[arg-type]
     if meta.get(END):
         return LaneOutput(lane, None, tombs, end=True, counts=counts)
     keys = meta.get(KEYS)

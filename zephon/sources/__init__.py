@@ -2,9 +2,17 @@
 batched ``ds.read(indices)``."""
 
 from zephon.sources.array import ArraySource
+from zephon.sources.array_record import ArrayRecordSource
 from zephon.sources.hf import HFSource
 from zephon.sources.jsonl import JsonlSource
 from zephon.sources.parquet import ParquetSource
 from zephon.sources.token_file import TokenFileSource
 
-__all__ = ["ArraySource", "HFSource", "JsonlSource", "ParquetSource", "TokenFileSource"]
+__all__ = [
+    "ArrayRecordSource",
+    "ArraySource",
+    "HFSource",
+    "JsonlSource",
+    "ParquetSource",
+    "TokenFileSource",
+]

@@ -33,6 +33,7 @@ from zephon.sources._fs import open_binary
 __all__ = [
     "SAMPLE_BLOCKS",
     "SAMPLE_BLOCK_BYTES",
+    "SAMPLE_FILES",
     "SAMPLE_ITEMS",
     "array_identity",
     "array_sample",
@@ -46,6 +47,7 @@ __all__ = [
 
 SAMPLE_BLOCK_BYTES = 64 << 10
 SAMPLE_BLOCKS = 8
+SAMPLE_FILES = 8  # files of a sharded set whose blocks are digested
 SAMPLE_ITEMS = 64  # items of an in-memory sequence (or rows of a table) digested at most
 _DIGEST_BYTES = 8  # 16 hex digits: a check against accidents, not an adversary
 _MAX_DEPTH = 16  # nesting followed inside one item before it is described by type only
@@ -76,31 +78,54 @@ def sample_positions(n: int, count: int = SAMPLE_ITEMS) -> list[int]:
     return [(n - 1) * i // (count - 1) for i in range(count)]
 
 
-def files_sample(owner: str, paths: Sequence[str]) -> tuple[int, str]:
-    """The total size of ``paths`` and a digest of each file's size and sampled blocks.
+def files_sample(
+    owner: str,
+    paths: Sequence[str],
+    sizes: Sequence[int] | None = None,
+    counts: Sequence[int] | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+) -> tuple[int, str]:
+    """The total size of ``paths`` and a digest identifying them.
 
-    Reads at most ``SAMPLE_BLOCKS * SAMPLE_BLOCK_BYTES`` bytes per file.
+    Up to ``SAMPLE_FILES`` files: each file's size and sampled blocks. More (a sharded set):
+    every file's size (``sizes``, from metadata) and sample count (``counts``, from the
+    index) and the sampled blocks of ``SAMPLE_FILES`` files spread over the set (the first,
+    the last, evenly between), so that identifying 10,000 files reads no more than
+    identifying 8. Reads at most ``SAMPLE_BLOCKS * SAMPLE_BLOCK_BYTES`` bytes per sampled
+    file.
 
     Raises:
         OSError: a file cannot be read (or shrank while it was read); the message names it.
     """
     h = _hasher()
-    total = 0
-    for path in paths:
-        with open_binary(owner, path) as f:
-            size = f.seek(0, os.SEEK_END)
-            h.update(size.to_bytes(8, "little"))
-            for start, length in sample_spans(size):
-                f.seek(start)
-                data = f.read(length)
-                if len(data) != length:
-                    raise OSError(
-                        f"{owner}: {path} ended at {start + len(data)} bytes while identifying "
-                        f"it ({size} bytes a moment before); is it being written?"
-                    )
-                h.update(data)
-        total += size
-    return total, h.hexdigest()
+    if len(paths) <= SAMPLE_FILES or sizes is None:
+        total = 0
+        for path in paths:
+            total += _feed_file(h, owner, path, storage_options)
+        return total, h.hexdigest()
+    h.update(b"files%d;" % len(paths))
+    h.update(np.asarray(sizes, dtype="<i8").tobytes())
+    if counts is not None:
+        h.update(b"counts;" + np.asarray(counts, dtype="<i8").tobytes())
+    for k in sample_positions(len(paths), SAMPLE_FILES):
+        _feed_file(h, owner, paths[k], storage_options)
+    return int(np.sum(np.asarray(sizes, dtype=np.int64))), h.hexdigest()
+
+
+def _feed_file(h: Any, owner: str, path: str, storage_options: Mapping[str, Any] | None) -> int:
+    with open_binary(owner, path, storage_options) as f:
+        size = f.seek(0, os.SEEK_END)
+        h.update(size.to_bytes(8, "little"))
+        for start, length in sample_spans(size):
+            f.seek(start)
+            data = f.read(length)
+            if len(data) != length:
+                raise OSError(
+                    f"{owner}: {path} ended at {start + len(data)} bytes while identifying "
+                    f"it ({size} bytes a moment before); is it being written?"
+                )
+            h.update(data)
+    return int(size)
 
 
 def array_sample(array: np.ndarray) -> str:

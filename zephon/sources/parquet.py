@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -10,14 +11,18 @@ from typing import IO, TYPE_CHECKING, Any, TypeVar
 import numpy as np
 
 from zephon.sources._fs import (
+    DEFAULT_TIMEOUT_S,
     PathsArg,
+    StorageOptions,
     check_index,
     describe_paths,
+    expand_paths,
     is_url,
-    normalize_paths,
     open_binary,
+    with_retries,
 )
 from zephon.sources.identity import files_sample
+from zephon.sources.index_cache import FileIndexes, FileReader
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -42,15 +47,20 @@ def _import_parquet() -> Any:
 class ParquetSource:
     """Random access by global row index over one or more Parquet files.
 
-    Construction reads only file footers to count rows per row group. ``ds[i]`` decodes
+    Construction reads only file footers to count rows per row group, once: the counts
+    and column names are cached like JSONL indexes (:mod:`zephon.sources.index_cache`), so
+    a later start reads no footer. ``ds[i]`` decodes
     the row group holding row ``i`` (each thread keeps its last few decoded row groups)
     and returns the row as a dict of Python values. Paths with a protocol (``s3://``,
     ``memory://``) are opened with fsspec.
 
     Args:
-        paths: a file or a sequence of files; rows are numbered across them in order.
+        paths: a file, a sequence of files or glob patterns (each pattern's files in sorted
+            order); rows are numbered across them in order.
         columns: the columns to read; all of them when None.
         field: if given, ``ds[i]`` returns just this column's value and only it is read.
+        storage_options: passed to fsspec for URLs (credentials, ``endpoint_url``, ...).
+        timeout_s: how long reading one footer of a URL may take, retries included.
     """
 
     def __init__(
@@ -58,9 +68,14 @@ class ParquetSource:
         paths: PathsArg,
         columns: Sequence[str] | None = None,
         field: str | None = None,
+        *,
+        storage_options: StorageOptions = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> None:
-        pq = _import_parquet()
-        self._paths = normalize_paths("ParquetSource", paths)
+        _import_parquet()
+        self._storage_options = None if storage_options is None else dict(storage_options)
+        self._timeout_s = float(timeout_s)
+        self._paths = expand_paths("ParquetSource", paths, self._storage_options)
         if columns is not None and field is not None and field not in columns:
             raise ValueError(
                 f"ParquetSource: field {field!r} is not among columns {list(columns)}; "
@@ -69,25 +84,36 @@ class ParquetSource:
         self._columns = None if columns is None else list(columns)
         self._field = field
         wanted = [field] if field is not None else self._columns
-        rows_per_group: list[int] = []
-        group_files: list[int] = []
-        group_locals: list[int] = []
+        # The footers' row counts and column names, cached: a later start reads no footer.
+        index = FileIndexes(
+            "ParquetSource",
+            self._paths,
+            "row-groups",
+            functools.partial(_row_groups, self._storage_options),
+            self._storage_options,
+            self._timeout_s,
+        )
+        index.ensure()
+        rows_per_group: list[np.ndarray] = []
+        group_files: list[np.ndarray] = []
+        group_locals: list[np.ndarray] = []
         for file_index, path in enumerate(self._paths):
-            metadata = self._with_file(path, pq.read_metadata)
-            names = metadata.schema.to_arrow_schema().names
+            names = index.extras[file_index]["names"]
             missing = [c for c in wanted or () if c not in names]
             if missing:
                 raise ValueError(
                     f"ParquetSource: {path} has no column(s) {missing}; its columns are {names}"
                 )
-            for k in range(metadata.num_row_groups):
-                rows_per_group.append(metadata.row_group(k).num_rows)
-                group_files.append(file_index)
-                group_locals.append(k)
+            rows = np.asarray(index.array(file_index), dtype=np.int64)
+            rows_per_group.append(rows)
+            group_files.append(np.full(len(rows), file_index, dtype=np.int64))
+            group_locals.append(np.arange(len(rows), dtype=np.int64))
         # Row group g holds global rows _group_starts[g] <= i < _group_starts[g + 1].
-        self._group_starts = np.cumsum([0, *rows_per_group], dtype=np.int64)
-        self._group_files = np.array(group_files, dtype=np.int64)
-        self._group_locals = np.array(group_locals, dtype=np.int64)
+        self._group_starts = np.concatenate(([0], np.cumsum(np.concatenate(rows_per_group))))
+        self._group_starts = self._group_starts.astype(np.int64)
+        self._group_files = np.concatenate(group_files)
+        self._group_locals = np.concatenate(group_locals)
+        self._file_sizes = index.sizes.tolist()
         self._local = threading.local()
 
     def __len__(self) -> int:
@@ -137,7 +163,7 @@ class ParquetSource:
                 return pq.read_table(source, columns=[column]).column(0)
 
             try:
-                parts.append(self._with_file(path, read).to_numpy())
+                parts.append(_with_file(path, read, self._storage_options).to_numpy())
             except (KeyError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
                 raise ValueError(f"ParquetSource: {path} has no column {column!r}") from e
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
@@ -147,7 +173,19 @@ class ParquetSource:
         digest of each file's size and sampled blocks (see :mod:`zephon.sources.identity`;
         at most 512 KiB read per file; the last block holds the footer of most files), plus
         the columns read. Not the paths: a copied dataset still matches."""
-        total, sample = files_sample("ParquetSource", self._paths)
+        total, sample = files_sample(
+            "ParquetSource",
+            self._paths,
+            sizes=self._file_sizes,
+            counts=np.bincount(
+                self._group_files,
+                weights=np.diff(self._group_starts),
+                minlength=len(self._paths),
+            )
+            .astype(np.int64)
+            .tolist(),
+            storage_options=self._storage_options,
+        )
         return {
             "kind": "parquet",
             "files": len(self._paths),
@@ -193,17 +231,35 @@ class ParquetSource:
             with pq.ParquetFile(source) as parquet_file:
                 return parquet_file.read_row_group(local, columns=columns)
 
-        table = self._with_file(path, read_group)
+        table = _with_file(path, read_group, self._storage_options)
         cache[group] = table
         if len(cache) > _CACHED_ROW_GROUPS:
             cache.popitem(last=False)
         return table
 
-    @staticmethod
-    def _with_file(path: str, use: Callable[[str | IO[bytes]], _T]) -> _T:
-        """Call ``use`` on `path` itself if local (pyarrow opens it natively) or on an
-        open fsspec file."""
-        if not is_url(path):
-            return use(path)
-        with open_binary("ParquetSource", path) as f:
-            return use(f)
+
+def _with_file(
+    path: str, use: Callable[[str | IO[bytes]], _T], storage_options: StorageOptions
+) -> _T:
+    """Call ``use`` on `path` itself if local (pyarrow opens it natively) or on an open
+    fsspec file."""
+    if not is_url(path):
+        return use(path)
+    with open_binary("ParquetSource", path, storage_options) as f:
+        return use(f)
+
+
+def _row_groups(
+    storage_options: StorageOptions, reader: FileReader
+) -> tuple[np.ndarray, dict[str, Any]]:
+    """Rows per row group and the column names, from the footer of one file."""
+    pq = _import_parquet()
+    metadata = with_retries(
+        "ParquetSource",
+        reader.path,
+        reader.timeout_s,
+        lambda: _with_file(reader.path, pq.read_metadata, storage_options),
+    )
+    rows = [metadata.row_group(k).num_rows for k in range(metadata.num_row_groups)]
+    names = metadata.schema.to_arrow_schema().names
+    return np.array(rows, dtype=np.int64), {"names": list(names)}

@@ -1,15 +1,28 @@
-"""Random access over the documents of a flat binary token file."""
+"""Random access over the documents of flat binary token files."""
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Sequence
 from typing import Any, Literal
 
 import numpy as np
 
-from zephon.sources._fs import PathArg, check_index
+from zephon.sources._fs import (
+    DEFAULT_TIMEOUT_S,
+    PathArg,
+    PathsArg,
+    StorageOptions,
+    check_index,
+    describe_paths,
+    expand_paths,
+    file_info,
+    is_url,
+    read_ranges,
+)
 from zephon.sources.identity import files_sample
+from zephon.sources.index_cache import FileIndexes, FileReader
 
 _DTYPES: dict[str, np.dtype[Any]] = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
 # Tokens compared per step when splitting at EOS: bounds the temporary bool array.
@@ -17,29 +30,39 @@ _SCAN_TOKENS = 1 << 24
 
 
 class TokenFileSource:
-    """Documents of a flat file of little-endian token ids (the nanoGPT/Megatron layout).
+    """Documents of flat files of little-endian token ids (the nanoGPT/Megatron layout).
 
-    The file is memory-mapped, and ``ds[i]`` returns ``{"tokens": int32 array}`` (a copy)
-    so that documents flow straight into pack and split. Documents come from exactly one
-    of:
+    Local files are memory-mapped; URLs (``s3://``) are read by byte ranges, a batch's
+    documents concurrently. ``ds[i]`` returns ``{"tokens": int32 array}`` (a copy) so that
+    documents flow straight into pack and split. Several files (a list, or glob patterns)
+    are one dataset, documents numbered across them in order; a document never spans two
+    files. Documents come from exactly one of:
 
     Args:
-        path: the token file.
+        paths: a token file, a list of them, or glob patterns (each pattern's files in
+            sorted order).
         dtype: ``"uint16"`` or ``"uint32"``, the width of one token.
         eos_id: split after every occurrence of this id; each document keeps its
             trailing EOS, consecutive EOS ids give one-token documents, and tokens after
-            the last EOS form a final document.
-        index_path: a file of ``N + 1`` little-endian int64 token offsets: document ``i``
-            is ``tokens[index[i]:index[i + 1]]``, starting at 0 and ending at the token
-            count.
+            the last EOS form a final document. The scan runs once per file: its result
+            is cached and memory-mapped like JSONL indexes
+            (:mod:`zephon.sources.index_cache`).
+        index_path: (one token file only) a file of ``N + 1`` little-endian int64 token
+            offsets: document ``i`` is ``tokens[index[i]:index[i + 1]]``, starting at 0 and
+            ending at the token count.
+        storage_options: passed to fsspec for URLs (credentials, ``endpoint_url``, ...).
+        timeout_s: how long one read of a URL may take, retries included.
     """
 
     def __init__(
         self,
-        path: PathArg,
+        paths: PathsArg,
         dtype: Literal["uint16", "uint32"] = "uint16",
         eos_id: int | None = None,
         index_path: PathArg | None = None,
+        *,
+        storage_options: StorageOptions = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> None:
         if dtype not in _DTYPES:
             raise ValueError(
@@ -51,46 +74,112 @@ class TokenFileSource:
                 f"or index_path (document offsets); got eos_id={eos_id!r}, "
                 f"index_path={index_path!r}"
             )
-        self._path = os.fspath(path)
         self._dtype = _DTYPES[dtype]
-        size_bytes = os.path.getsize(self._path)
-        if size_bytes % self._dtype.itemsize:
-            raise ValueError(
-                f"TokenFileSource: {self._path} holds {size_bytes} bytes, not a multiple of "
-                f"{self._dtype.itemsize} ({dtype}); check the dtype or the file"
-            )
-        self._num_tokens = size_bytes // self._dtype.itemsize
-        self._tokens: np.ndarray | None = None
+        self._storage_options = None if storage_options is None else dict(storage_options)
+        self._timeout_s = float(timeout_s)
+        self._paths = expand_paths("TokenFileSource", paths, self._storage_options)
         self._eos_id = eos_id
         self._index_path = None if index_path is None else os.fspath(index_path)
-        # Document i is tokens[_bounds[i]:_bounds[i + 1]].
+        if self._index_path is not None and len(self._paths) != 1:
+            raise ValueError(
+                f"TokenFileSource: index_path goes with one token file; got {len(self._paths)} "
+                f"files ({describe_paths(self._paths)}); split them at eos_id instead, or make "
+                "one source per file"
+            )
+        if eos_id is not None:
+            limit = np.iinfo(self._dtype).max
+            if not 0 <= eos_id <= limit:
+                raise ValueError(
+                    f"TokenFileSource: eos_id {eos_id} does not fit {dtype} (0..{limit}); "
+                    "check eos_id or dtype"
+                )
+        self._index = FileIndexes(
+            "TokenFileSource",
+            self._paths,
+            f"eos-{self._dtype.str[1:]}-{eos_id}",
+            functools.partial(_split_at_eos, self._dtype, eos_id),
+            self._storage_options,
+            self._timeout_s,
+        )
+        sizes = []
+        for path in self._paths:
+            size_bytes, _ = file_info("TokenFileSource", path, self._storage_options, timeout_s)
+            if size_bytes % self._dtype.itemsize:
+                raise ValueError(
+                    f"TokenFileSource: {path} holds {size_bytes} bytes, not a multiple of "
+                    f"{self._dtype.itemsize} ({dtype}); check the dtype or the file"
+                )
+            sizes.append(size_bytes)
+        self._file_tokens = np.array(sizes, dtype=np.int64) // self._dtype.itemsize
+        self._num_tokens = int(self._file_tokens.sum())
+        self._tokens: list[np.ndarray | None] = [None] * len(self._paths)
+        self._bounds_one: np.ndarray | None = None
         if self._index_path is not None:
-            self._bounds = _load_index(self._index_path, self._num_tokens)
-        elif eos_id is not None:
-            self._bounds = self._split_at_eos(dtype, eos_id)
+            self._bounds_one = _load_index(self._index_path, self._num_tokens)
+            docs = np.array([len(self._bounds_one) - 1], dtype=np.int64)
+        else:
+            self._index.ensure()
+            docs = self._index.counts - 1
+        # Document i lives in file f where _file_starts[f] <= i < _file_starts[f + 1].
+        self._file_starts = np.concatenate(([0], np.cumsum(docs))).astype(np.int64)
+        self._offsets: np.ndarray | None = None
 
     def __len__(self) -> int:
-        return len(self._bounds) - 1
+        return int(self._file_starts[-1])
 
     def __getitem__(self, index: int) -> dict[str, np.ndarray]:
-        i = check_index("TokenFileSource", index, len(self))
-        return {"tokens": np.array(self._mapped()[self._bounds[i] : self._bounds[i + 1]], np.int32)}
+        return self.read([check_index("TokenFileSource", index, len(self))])[0]
 
     def read(self, indices: Sequence[int]) -> list[dict[str, np.ndarray]]:
-        """Documents at `indices`, in that order."""
-        return [self[i] for i in indices]
+        """Documents at `indices`, in that order (a URL's as concurrent range reads)."""
+        n = len(self)
+        checked = [check_index("TokenFileSource", i, n) for i in indices]
+        spans = [self._span(i) for i in checked]
+        out: list[dict[str, np.ndarray]] = [{} for _ in checked]
+        remote = []
+        for k, (f, lo, hi) in enumerate(spans):
+            if is_url(self._paths[f]):
+                remote.append(k)
+            else:
+                out[k] = {"tokens": np.array(self._mapped(f)[lo:hi], np.int32)}
+        if remote:
+            size = self._dtype.itemsize
+            ranges = [
+                (self._paths[spans[k][0]], spans[k][1] * size, spans[k][2] * size) for k in remote
+            ]
+            raw = read_ranges("TokenFileSource", ranges, self._storage_options, self._timeout_s)
+            for k, data in zip(remote, raw, strict=True):
+                out[k] = {"tokens": np.frombuffer(data, self._dtype).astype(np.int32)}
+        return out
 
     def token_offsets(self) -> np.ndarray:
-        """The ``N + 1`` token offsets of the documents (document ``i`` has ``o[i + 1] -
-        o[i]`` tokens), for token-denominated mixture weights. Shared, not copied."""
-        return self._bounds
+        """The ``N + 1`` token offsets of the documents across the files (document ``i``
+        has ``o[i + 1] - o[i]`` tokens), for token-denominated mixture weights. Shared, not
+        copied, for one file."""
+        if self._offsets is None:
+            if len(self._paths) == 1:
+                self._offsets = self._bounds(0)
+            else:
+                bases = np.concatenate(([0], np.cumsum(self._file_tokens)))
+                parts = [self._bounds(f)[:-1] + bases[f] for f in range(len(self._paths))]
+                self._offsets = np.concatenate([*parts, [self._num_tokens]]).astype(np.int64)
+        return self._offsets
 
     def content_identity(self) -> dict[str, Any]:
-        """What the source holds, for the pipeline fingerprint: the token file's size and a
-        digest of sampled blocks (see :mod:`zephon.sources.identity`; at most 512 KiB
-        read), the dtype and how documents are split (the EOS id, or the index file's size
-        and sample). Not the paths: a copied dataset still matches."""
-        total, sample = files_sample("TokenFileSource", [self._path])
+        """What the source holds, for the pipeline fingerprint: the token files' total
+        size and a digest of sampled blocks (see :mod:`zephon.sources.identity`; at most
+        512 KiB read per file, of up to 8 files of a larger set, whose sizes and document
+        counts are digested instead), the dtype and how documents are split (the EOS id,
+        or the index file's size and sample). Not the paths: a copied dataset still
+        matches."""
+        counts = np.diff(self._file_starts).tolist()
+        total, sample = files_sample(
+            "TokenFileSource",
+            self._paths,
+            sizes=(self._file_tokens * self._dtype.itemsize).tolist(),
+            counts=counts,
+            storage_options=self._storage_options,
+        )
         identity: dict[str, Any] = {
             "kind": "token_file",
             "bytes": total,
@@ -98,6 +187,8 @@ class TokenFileSource:
             "dtype": self._dtype.name,
             "eos_id": self._eos_id,
         }
+        if len(self._paths) > 1:
+            identity["files"] = len(self._paths)
         if self._index_path is not None:
             identity["index_bytes"], identity["index_sample"] = files_sample(
                 "TokenFileSource", [self._index_path]
@@ -106,7 +197,11 @@ class TokenFileSource:
 
     def __getstate__(self) -> dict[str, Any]:
         # A memmap would pickle as a full in-memory copy; the receiver maps the file again.
-        return {**self.__dict__, "_tokens": None}
+        return {
+            **self.__dict__,
+            "_tokens": [None] * len(self._paths),
+            "_offsets": None if len(self._paths) > 1 else self._offsets,
+        }
 
     def __repr__(self) -> str:
         split = (
@@ -114,36 +209,50 @@ class TokenFileSource:
             if self._index_path is None
             else f"index_path={self._index_path!r}"
         )
-        return (
-            f"TokenFileSource({self._path!r}, dtype={self._dtype.name!r}, {split}, len={len(self)})"
-        )
+        where = repr(self._paths[0]) if len(self._paths) == 1 else describe_paths(self._paths)
+        return f"TokenFileSource({where}, dtype={self._dtype.name!r}, {split}, len={len(self)})"
 
-    def _mapped(self) -> np.ndarray:
-        if self._tokens is None:
+    def _bounds(self, f: int) -> np.ndarray:
+        if self._bounds_one is not None:
+            return self._bounds_one
+        return self._index.array(f)
+
+    def _span(self, i: int) -> tuple[int, int, int]:
+        """``(file, first token, end token)`` of document ``i``."""
+        f = int(np.searchsorted(self._file_starts, i, side="right")) - 1
+        j = i - int(self._file_starts[f])
+        bounds = self._bounds(f)
+        return f, int(bounds[j]), int(bounds[j + 1])
+
+    def _mapped(self, f: int) -> np.ndarray:
+        tokens = self._tokens[f]
+        if tokens is None:
             # np.memmap refuses empty files; an empty array reads the same.
-            self._tokens = (
-                np.memmap(self._path, dtype=self._dtype, mode="r")
-                if self._num_tokens
+            tokens = self._tokens[f] = (
+                np.memmap(self._paths[f], dtype=self._dtype, mode="r")
+                if self._file_tokens[f]
                 else np.empty(0, self._dtype)
             )
-        return self._tokens
+        return tokens
 
-    def _split_at_eos(self, dtype: str, eos_id: int) -> np.ndarray:
-        limit = np.iinfo(self._dtype).max
-        if not 0 <= eos_id <= limit:
-            raise ValueError(
-                f"TokenFileSource: eos_id {eos_id} does not fit {dtype} (0..{limit}); "
-                "check eos_id or dtype"
-            )
-        tokens = self._mapped()
-        ends = [
-            np.flatnonzero(tokens[start : start + _SCAN_TOKENS] == eos_id) + (start + 1)
-            for start in range(0, self._num_tokens, _SCAN_TOKENS)
-        ]
-        bounds = np.concatenate([[0], *ends]).astype(np.int64)
-        if bounds[-1] != self._num_tokens:  # tokens after the last EOS form a document
-            bounds = np.append(bounds, self._num_tokens)
-        return bounds
+
+def _split_at_eos(
+    dtype: np.dtype[Any], eos_id: int | None, reader: FileReader
+) -> tuple[np.ndarray, dict[str, Any]]:
+    """The ``N + 1`` document bounds (in tokens) of one file split after each EOS id."""
+    assert eos_id is not None  # the index of a source with index_path is never built
+    ends = []
+    done = 0  # tokens before this block
+    for block in reader.blocks():
+        tokens = np.frombuffer(block, dtype=dtype)
+        for start in range(0, len(tokens), _SCAN_TOKENS):
+            hits = np.flatnonzero(tokens[start : start + _SCAN_TOKENS] == eos_id)
+            ends.append(hits + (done + start + 1))
+        done += len(tokens)
+    bounds = np.concatenate([[0], *ends]).astype(np.int64)
+    if bounds[-1] != done:  # tokens after the last EOS form a document
+        bounds = np.append(bounds, done)
+    return bounds, {}
 
 
 def _load_index(index_path: str, num_tokens: int) -> np.ndarray:

@@ -72,7 +72,9 @@ class ReadChunks:
         comps = chunk.components.tolist()
         if self.fetch is None:
             return ChunkRecords(chunk, comps, None)
-        return ChunkRecords(chunk, comps, self.fetch.read(comps, chunk.indices.tolist()))
+        return ChunkRecords(
+            chunk, comps, self.fetch.read(comps, chunk.indices.tolist(), chunk.lane)
+        )
 
     @property
     def name(self) -> str:

@@ -96,7 +96,9 @@ def _counting_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
             self._f.close()
             super().close()
 
-    monkeypatch.setattr(identity_module, "open_binary", lambda owner, p: Counting(real(owner, p)))
+    monkeypatch.setattr(
+        identity_module, "open_binary", lambda owner, p, *a: Counting(real(owner, p, *a))
+    )
     return reads
 
 
