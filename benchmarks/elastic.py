@@ -61,7 +61,7 @@ from benchmarks.common import (
     write_results,
 )
 from benchmarks.flush_tradeoff import doc_tags, lm_shuffle_pipeline, tagged_docs
-from zephon.pipeline import merge_states
+from zephon.checkpoint.state import merge_states
 
 LANES = 8
 

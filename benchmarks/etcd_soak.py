@@ -27,8 +27,8 @@ DEFAULT_QUOTA_BYTES = 2 << 30
 
 def run(rounds: int, lanes: int, ranks: int, sample_every: int) -> dict[str, Any]:
     from zephon.checkpoint.aggregate import Aggregator
+    from zephon.checkpoint.state import merge_states
     from zephon.checkpoint.stores.etcd import EtcdStore
-    from zephon.pipeline import merge_states
 
     if lanes % ranks:
         raise SystemExit(f"--lanes ({lanes}) must be a multiple of --ranks ({ranks})")

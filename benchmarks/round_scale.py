@@ -139,7 +139,7 @@ def _host(where: str, ranks: list[int], world_size: int, lanes_per_rank: int, co
     # the cores. A real host runs one rank; this keeps the simulation from measuring itself.
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     from zephon.checkpoint.aggregate import Aggregator
-    from zephon.pipeline import merge_states
+    from zephon.checkpoint.state import merge_states
 
     if os.environ.get("ZEPHON_BENCH_LOG") and (0 in ranks or 1 in ranks):  # timings, to stderr
         import logging

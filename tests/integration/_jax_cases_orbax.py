@@ -14,8 +14,8 @@ from corpus import lm_pipeline
 
 from zephon.checkpoint import dumps, loads
 from zephon.checkpoint.io import MAGIC
+from zephon.checkpoint.state import merge_states
 from zephon.errors import CheckpointError
-from zephon.pipeline import merge_states
 
 require("jax", "orbax.checkpoint")
 import jax  # noqa: E402

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from corpus import PACK_OPTIONS, lm_pipeline
 
-from zephon.pipeline import merge_states
+from zephon.checkpoint.state import merge_states
 from zephon.testing import assert_same_batches, roundtrip, take
 
 LANES = 4

@@ -12,7 +12,7 @@ import pytest
 from corpus import docs
 
 import zephon as zp
-from zephon.pipeline import merge_states
+from zephon.checkpoint.state import merge_states
 from zephon.testing import assert_same_batches, roundtrip, take
 
 pytestmark = pytest.mark.processes

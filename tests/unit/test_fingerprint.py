@@ -13,8 +13,8 @@ import pytest
 
 import zephon as zp
 from zephon._fingerprint import call_parameters, describe_differences
+from zephon.checkpoint.state import FINGERPRINT_PARTS, merge_states
 from zephon.errors import AggregationError, CheckpointError
-from zephon.pipeline import FINGERPRINT_PARTS, merge_states
 from zephon.testing import roundtrip, take
 
 LINES = [json.dumps({"text": f"line {i:03d} " + "x" * (i % 7)}) for i in range(60)]

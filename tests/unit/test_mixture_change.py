@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import zephon as zp
+from zephon.checkpoint.state import merge_states
 from zephon.errors import CheckpointError
-from zephon.pipeline import merge_states
 from zephon.testing import assert_resumes_exactly, roundtrip, take
 
 BASE = {"a": 0, "b": 1000, "c": 2000, "d": 3000}

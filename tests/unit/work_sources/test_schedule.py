@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import zephon as zp
-from zephon.pipeline import merge_states
+from zephon.checkpoint.state import merge_states
 from zephon.testing import assert_resumes_exactly, assert_resumes_through_breaks, roundtrip, take
 from zephon.work_sources.static_mixture import StaticMixtureWorkSource
 
