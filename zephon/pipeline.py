@@ -92,6 +92,10 @@ class Pipeline:
             ``next()`` instead of arrays the caller owns (needs ``ring_slots >=
             prefetch + 2``: the views and the prefetched batches hold slots).
         ring_slot_bytes: bytes per shared-memory ring slot; one batch must fit in a slot.
+            ``None`` (the default): sized from the batches: a worker's ring starts with
+            1 MiB slots and, when an output does not fit, the worker moves to a ring whose
+            slots hold it with a quarter to spare (up to 1 GiB; a bigger batch is an error
+            quoting both sizes). An int fixes the size (a batch above it is that error).
         worker_timeout_s: a worker that produces nothing for this long is reported hung.
         worker_start_method: ``"spawn"`` (safe beside JAX's threads), ``"forkserver"`` or
             ``"fork"``.
@@ -120,7 +124,7 @@ class Pipeline:
         prefetch: int = 3,
         ring_slots: int | None = None,
         zero_copy: bool = False,
-        ring_slot_bytes: int = 4 << 20,
+        ring_slot_bytes: int | None = None,
         worker_timeout_s: float = 60.0,
         worker_start_method: str = "spawn",
         seed: int | None = None,
@@ -180,8 +184,15 @@ class Pipeline:
         self.prefetch = prefetch
         self.ring_slots = ring_slots
         self.zero_copy = zero_copy
-        if not isinstance(ring_slot_bytes, int) or ring_slot_bytes < 4096:
-            raise ValueError(f"ring_slot_bytes must be an int >= 4096; got {ring_slot_bytes!r}")
+        if ring_slot_bytes is not None and (
+            not isinstance(ring_slot_bytes, int)
+            or isinstance(ring_slot_bytes, bool)
+            or ring_slot_bytes < 4096
+        ):
+            raise ValueError(
+                f"ring_slot_bytes must be None (sized from the batches) or an int >= 4096; "
+                f"got {ring_slot_bytes!r}"
+            )
         if not (isinstance(worker_timeout_s, (int, float)) and worker_timeout_s > 0):
             raise ValueError(
                 f"worker_timeout_s must be a positive number; got {worker_timeout_s!r}"

@@ -29,6 +29,7 @@ import pytest
 from corpus import lm_pipeline
 
 import zephon as zp
+from zephon.runners.processes import AUTO_FIRST_SLOT_BYTES
 
 pytestmark = pytest.mark.processes
 
@@ -588,7 +589,7 @@ def test_not_enough_shared_memory_is_a_clear_error(monkeypatch, fail_at):
     msg = str(info.value)
     needs = re.search(r"needs (\d+) bytes, (\d+) bytes available", msg)
     assert needs, msg
-    assert int(needs[1]) > 4 * (4 << 20) and int(needs[2]) == 16 * 4096
+    assert int(needs[1]) > 4 * AUTO_FIRST_SLOT_BYTES and int(needs[2]) == 16 * 4096
     assert "ring_slot_bytes" in msg, msg
 
 
@@ -606,6 +607,59 @@ def test_a_batch_larger_than_a_slot_names_the_option_to_raise(as_dict):
     assert need, msg
     assert int(need[1]) >= 4 * 2048 * 4
     assert "Pipeline(..., ring_slot_bytes=" in msg
+
+
+def _growing(x: int) -> dict[str, np.ndarray]:
+    """Rows that grow with the sample: from 4 KiB to about 4.7 MiB."""
+    return {"x": np.full(1024 + 12_000 * int(x), x, dtype=np.int32)}
+
+
+@pytest.mark.parametrize("zero_copy", [False, True])
+def test_ring_slots_are_sized_from_the_batches(zero_copy: bool) -> None:
+    """ring_slot_bytes=None (the default): batches far above the first 1 MiB slots go
+    through, the ring moving to bigger slots as they grow, and the stream is workers=0's."""
+
+    def run(workers: int) -> list[bytes]:
+        src = zp.StaticMixtureWorkSource(
+            [zp.ArraySource(np.arange(100, dtype=np.int64))], seed=0, chunk_size=5, num_epochs=1
+        )
+        pipe = (
+            zp.Pipeline(
+                src,
+                canonical_replicas=2,
+                workers=workers,
+                zero_copy=zero_copy,
+                prefetch=1,
+                ring_slots=4,
+            )
+            .fetch()
+            .map(_growing)
+            .batch(1)
+        )
+        with pipe:
+            return [b["x"].tobytes() for b in pipe]
+
+    ref = run(0)
+    assert max(len(b) for b in ref) > 3 * AUTO_FIRST_SLOT_BYTES
+    assert run(2) == ref
+
+
+def test_a_batch_above_the_most_slots_may_grow_to_is_an_error_with_both_sizes(
+    monkeypatch,
+) -> None:
+    import zephon.runners.processes as processes
+
+    monkeypatch.setattr(processes, "AUTO_MAX_SLOT_BYTES", 2 << 20)
+
+    def big(x):
+        return {"x": np.full((3 << 20) // 4, x, dtype=np.int32)}
+
+    with small(big) as pipe:
+        err, _ = drain_until_error(pipe, 5)
+    msg = str(err)
+    need = re.search(r"needs (\d+) bytes but a shared-memory ring slot holds (\d+) bytes", msg)
+    assert need, msg
+    assert int(need[1]) > 3 << 20 and int(need[2]) == 2 << 20, msg
 
 
 # ----------------------------------------------------------------- regressions found here

@@ -25,6 +25,7 @@ import dataclasses
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 from weakref import WeakSet
@@ -40,15 +41,35 @@ if TYPE_CHECKING:
     from zephon.shm import Segment
 
 DEFAULT_SLOT_BYTES = 4 << 20
+#: ``ring_slot_bytes=None``: the slots rings start with, and the most a worker may grow
+#: them to (a batch above it is an error that quotes both sizes).
+AUTO_FIRST_SLOT_BYTES = 1 << 20
+AUTO_MAX_SLOT_BYTES = 1 << 30
 _POLL_S = 0.05
 _STOP_GRACE_S = 0.5  # close(): how long workers get to exit on their own before SIGKILL
 
 
 class _Handle:
-    __slots__ = ("id", "proc", "conn", "ring", "lanes", "last_seen", "lock", "configured", "ready")
+    __slots__ = (
+        "id",
+        "proc",
+        "conn",
+        "ring",
+        "lanes",
+        "last_seen",
+        "lock",
+        "configured",
+        "ready",
+        "next_rings",
+        "retired",
+    )
 
     def __init__(self, wid: int, conn: Any, ring: Any, lanes: list[int]) -> None:
         self.id, self.conn, self.ring, self.lanes = wid, conn, ring, lanes
+        #: bigger rings sent to the worker, in order; each is read once the worker's
+        #: ``moved`` marker ends the one before (it may grow again before we get there)
+        self.next_rings: deque[Any] = deque()
+        self.retired: list[Any] = []  # rings it moved out of (zero-copy leases may live)
         self.proc: Any = None  # set by the keeper thread once the process started
         self.configured = False  # the keeper has sent the worker its configuration
         self.last_seen = time.monotonic()
@@ -105,7 +126,7 @@ class ProcessExecutor:
         workers: int,
         *,
         zero_copy: bool = False,
-        slot_bytes: int = DEFAULT_SLOT_BYTES,
+        slot_bytes: int | None = DEFAULT_SLOT_BYTES,
         nslots: int = 4,
         start_method: str = "spawn",
         worker_timeout_s: float = 60.0,
@@ -115,7 +136,9 @@ class ProcessExecutor:
         self.components = components  # (name, dataset): to name one that cannot travel
         self.num_workers = workers
         self.zero_copy = zero_copy
-        self.slot_bytes = slot_bytes
+        #: None: slots sized from the batches (start small, grow when an output needs it)
+        self.auto_slots = slot_bytes is None
+        self.slot_bytes = AUTO_FIRST_SLOT_BYTES if slot_bytes is None else slot_bytes
         self.nslots = nslots
         self.start_method = start_method
         self.worker_timeout_s = worker_timeout_s
@@ -170,6 +193,7 @@ class ProcessExecutor:
                     "start_lane": run.start_lane,
                     "done": [lane for lane in mine if lane in run.done],
                     "pad_ended": run.pad_ended,
+                    "max_slot_bytes": AUTO_MAX_SLOT_BYTES if self.auto_slots else None,
                 }
                 ring = self._create_ring(wid, n)
                 parent_conn, child_conn = ctx.Pipe(duplex=True)
@@ -206,11 +230,12 @@ class ProcessExecutor:
         self._feeder = threading.Thread(target=self._feed_loop, name="zephon-feeder", daemon=True)
         self._feeder.start()
 
-    def _create_ring(self, wid: int, n: int) -> Any:
+    def _create_ring(self, wid: int, n: int, slot_bytes: int | None = None) -> Any:
         from zephon.shm import ShmRing
 
+        slot_bytes = self.slot_bytes if slot_bytes is None else slot_bytes
         try:
-            return ShmRing.create(self.nslots, self.slot_bytes, name=f"zephon-ring-{wid}")
+            return ShmRing.create(self.nslots, slot_bytes, name=f"zephon-ring-{wid}")
         except ShmError as e:
             why = (
                 f"{e.strerror or e}. Pipeline(workers={self.num_workers}) makes one ring per worker "
@@ -319,6 +344,12 @@ class ProcessExecutor:
                         return
                     if not h.send(answer):
                         conns.pop(obj, None)
+                elif kind == wire.GROW:
+                    try:
+                        self._grow(h, int(msg[wire.BYTES]))
+                    except BaseException as e:  # noqa: BLE001 - no memory for the ring
+                        self._fail(e)
+                        return
                 elif kind == wire.READY:
                     h.ready = True
                 elif kind == wire.ERROR:
@@ -329,6 +360,18 @@ class ProcessExecutor:
                 if h is not None:
                     self._fail(self._death(h))
                     return
+
+    def _grow(self, h: _Handle, need: int) -> None:
+        """Worker ``h`` has an output of ``need`` bytes: a ring whose slots hold it with a
+        quarter to spare, sent over its control pipe; read once the worker moved."""
+        from zephon.shm import send_fds
+
+        size = -(-(need + need // 4) // (64 << 10)) * (64 << 10)
+        ring = self._create_ring(h.id, len(self.handles), size)
+        h.next_rings.append(ring)
+        with h.lock:
+            h.conn.send_bytes(wire.pack({wire.KIND: wire.RING, wire.BYTES: size}))
+            send_fds(h.conn, [ring.fileno()])
 
     def _death(self, h: _Handle, read_pipe: bool = True) -> WorkerError:
         h.proc.join(timeout=1)
@@ -368,15 +411,26 @@ class ProcessExecutor:
                 raise self.error
             if self._stopping():
                 raise WorkerError("the pipeline was closed")
+            msg = None
             try:
                 msg = h.ring.get(timeout_s=_POLL_S, zero_copy=self.zero_copy)
-                break
             except TimeoutError:
                 pass
             except RingClosedError:
                 if self._stopping():
                     raise WorkerError("the pipeline was closed") from None
                 time.sleep(_POLL_S)  # the worker closed its ring on its way out
+            if msg is not None:
+                h.last_seen = time.monotonic()
+                meta = wire.unpack(msg.meta)
+                if not meta.get(wire.MOVED):
+                    break
+                # The worker's outputs go on in the bigger ring sent to it (see _grow).
+                msg.release()
+                h.retired.append(h.ring)
+                h.ring = h.next_rings.popleft()
+                waited_since = time.monotonic()
+                continue
             now = time.monotonic()
             if not h.proc.is_alive():
                 # The feeder reports deaths with the worker's own words; if it has not
@@ -388,8 +442,6 @@ class ProcessExecutor:
                     self._fail(self._death(h, read_pipe=not feeder_alive))
             elif now - waited_since > self.worker_timeout_s:
                 self._fail(faults.hung(h.id, h.pid, h.lanes, self.worker_timeout_s))
-        h.last_seen = time.monotonic()
-        meta = wire.unpack(msg.meta)
         if meta[wire.LANE] != lane:
             raise WorkerError(
                 f"worker {h.id} sent lane {meta[wire.LANE]} when lane {lane} was due; this is a "
@@ -428,8 +480,10 @@ class ProcessExecutor:
             self._started.wait(timeout=30)  # no worker starts after this
         for h in self.handles:
             if h.configured:  # else it waits for its configuration: SIGKILL below ends it
-                h.send({"t": "stop"}, timeout_s=1)
+                h.send({wire.KIND: wire.STOP}, timeout_s=1)
             h.ring.close()  # wakes a worker blocked on a full ring
+            for ring in (*h.next_rings, *h.retired):
+                ring.close()
         if self._feeder is not None and self._feeder is not me:
             self._feeder.join(timeout=2)
         procs = [h.proc for h in self.handles if h.proc is not None]

@@ -2,7 +2,10 @@
 
 Two channels. The control pipe carries small messages (``kind`` first): a worker asks for a
 lane's next feed unit (``need``), the parent answers (``feed``), the worker says it runs
-(``ready``) or what it raised (``error``), the parent says ``stop``. The ring carries the
+(``ready``) or what it raised (``error``), the parent says ``stop``. With slots sized from
+the batches (``ring_slot_bytes=None``) a worker whose output does not fit asks for a bigger
+ring (``grow``); the parent answers ``ring`` followed by the new ring's descriptor, and the
+worker writes a ``moved`` marker as the old ring's last message. The ring carries the
 outputs: a slot holds an output's arrays and its metadata (:func:`encode_output`), read back
 by :func:`decode_output`. Nothing is pickled on either channel.
 """
@@ -26,6 +29,9 @@ FEED = "feed"
 READY = "ready"
 ERROR = "error"
 STOP = "stop"
+GROW = "grow"  # worker -> parent: a ring whose slots hold BYTES, please
+RING = "ring"  # parent -> worker: the new ring's descriptor follows
+BYTES = "bytes"
 
 # an output's metadata in its ring slot
 LANE = "lane"
@@ -39,6 +45,7 @@ NUM_RECORDS = "num_records"
 KEYS = "keys"  # the data is a dict of these arrays, in this order
 SINGLE = "single"  # the data is the one array
 VALUE = "value"  # the data is this msgpack-able value (no arrays)
+MOVED = "moved"  # the old ring's last message: read on in the new one
 
 
 def pack(obj: Any) -> bytes:

@@ -73,6 +73,10 @@ class Worker:
         self.start_lane: int = cfg["start_lane"]
         self.done: list[int] = cfg["done"]
         self.pad_ended: bool = cfg["pad_ended"]
+        #: None: a fixed slot size, an output that does not fit is an error; else the most
+        #: bytes this worker may ask its slots to grow to (ring_slot_bytes=None)
+        self.max_slot_bytes: int | None = cfg.get("max_slot_bytes")
+        self._new_ring: Any = None
         self.outputs = LaneOutputs(runner, self._pull, len(self.lanes))
         self.feeds: dict[int, deque[list[Any]]] = {lane: deque() for lane in self.lanes}
         self.asked: dict[int, int] = dict.fromkeys(self.lanes, 0)
@@ -97,6 +101,15 @@ class Worker:
         msg = wire.unpack(raw)
         if msg[wire.KIND] == wire.STOP:
             raise _Stop
+        if msg[wire.KIND] == wire.RING:
+            from zephon.shm import ShmRing, recv_fds
+
+            try:
+                (fd,) = recv_fds(self.conn)
+            except (EOFError, OSError) as e:
+                raise _ParentGone from e
+            self._new_ring = ShmRing.attach(fd)
+            return
         lane = msg[wire.LANE]
         self.asked[lane] -= 1
         items = wire.feed_items(msg)
@@ -115,6 +128,25 @@ class Worker:
         return feed
 
     # outputs, written straight into ring slots
+    def _fits(self, what: str, need: int) -> None:
+        """Makes the ring's slots hold ``need`` bytes: with sizes from the batches, by
+        moving to a bigger ring (asked of the parent; the old ring's last message says
+        so); else, or past the most it may grow to, the error quoting both sizes."""
+        if need <= self.ring.slot_bytes:
+            return
+        cap = self.max_slot_bytes
+        if cap is None or need > cap:
+            raise slot_too_small(what, need, self.ring.slot_bytes if cap is None else cap)
+        try:
+            self.conn.send_bytes(wire.pack({wire.KIND: wire.GROW, wire.BYTES: need}))
+        except OSError as e:
+            raise _ParentGone from e
+        while self._new_ring is None:
+            self._receive()
+        old, self.ring, self._new_ring = self.ring, self._new_ring, None
+        old.put(wire.pack({wire.LANE: -1, wire.MOVED: True}), [])
+        old.detach()  # not close(): the parent still reads what it holds
+
     def _allocate(
         self, lane: int, spec: dict[str, tuple[tuple[int, ...], np.dtype]]
     ) -> dict[str, np.ndarray]:
@@ -124,7 +156,8 @@ class Worker:
         end = max((o + n for o, n in zip(plan_layout(sizes), sizes, strict=True)), default=0)
         if end > self.ring.slot_bytes:
             shapes = ", ".join(f"{k}: {np.dtype(d).name}{list(s)}" for k, (s, d) in spec.items())
-            raise slot_too_small(f"a batch of lane {lane} ({shapes})", end, self.ring.slot_bytes)
+            # room for the metadata too (contributors: 32 bytes a piece)
+            self._fits(f"a batch of lane {lane} ({shapes})", end + (64 << 10))
         self._slot = self.ring.reserve(timeout_s=None)
         arrays = {k: self._slot.array(shape, dtype) for k, (shape, dtype) in spec.items()}
         self._slot_arrays = list(arrays.values())
@@ -152,9 +185,7 @@ class Worker:
         from zephon.shm import message_nbytes
 
         if slot is None:
-            need = message_nbytes(len(packed), arrays)
-            if need > self.ring.slot_bytes:
-                raise slot_too_small(what, need, self.ring.slot_bytes)
+            self._fits(what, message_nbytes(len(packed), arrays))
             self.ring.put(packed, arrays)
             return
         need = message_nbytes(len(packed), self._slot_arrays)
@@ -251,6 +282,7 @@ def worker_main(conn: Any, parent_pid: int, via_forkserver: bool) -> None:
     except (EOFError, OSError):
         return  # the parent closed before handing the configuration over
     ring = None
+    worker: Worker | None = None
     try:
         ring = ShmRing.attach(fds[0])
         data = attach_segment(fds[1], writable=False) if len(fds) > 1 else None
@@ -263,6 +295,8 @@ def worker_main(conn: Any, parent_pid: int, via_forkserver: bool) -> None:
     except (_Stop, _ParentGone):
         pass
     except RingClosedError:
+        if worker is not None:
+            ring = worker.ring  # it may have moved to a bigger one
         if ring is None or not ring.closed:
             _report(conn, sys.exc_info()[1])  # type: ignore[arg-type]
             os._exit(1)
@@ -279,5 +313,7 @@ def worker_main(conn: Any, parent_pid: int, via_forkserver: bool) -> None:
         sys.stderr.flush()
         os._exit(1)
     finally:
+        if worker is not None:
+            ring = worker.ring
         if ring is not None:
             ring.close()

@@ -748,6 +748,16 @@ class ShmRing:
 
     # -- lifecycle -----------------------------------------------------------
 
+    def detach(self) -> None:
+        """Unmaps the ring without marking it closed: the peer reads on what is in it (a
+        worker leaving a ring for a bigger one). Idempotent; closing after it is a no-op."""
+        view, self._view = self._view, None
+        if view is None:
+            return
+        self._slot_views = [None] * self.nslots
+        del view
+        self._segment.close()
+
     def close(self) -> None:
         """Marks the ring closed (waking the peer and any blocked call) and unmaps it.
 

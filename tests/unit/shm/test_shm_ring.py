@@ -563,7 +563,7 @@ def test_abort_and_exceptions_skip_the_slot(make_rings) -> None:
 def test_a_slot_cannot_be_used_after_commit(rings) -> None:
     producer, consumer = rings
     slot = producer.reserve(timeout_s=1)
-    producer.commit(slot, b"once")
+    slot.commit(b"once")
     with pytest.raises(RingError, match="already committed"):
         slot.commit(b"twice")
     with pytest.raises(RingError, match="already committed"):
