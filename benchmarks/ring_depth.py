@@ -33,7 +33,7 @@ from benchmarks.workload import SyntheticDocs, pregenerate
 from benchmarks.zephon_lm import zephon_lm_pipeline
 from zephon.pipeline import DEFAULT_RING_SLOTS
 
-DEFAULT_PREFETCH = 3  # Pipeline's default
+DEFAULT_PREFETCH = 0  # Pipeline's default with workers (prefetch=None)
 
 
 def train_bpe(docs: Sequence[str], path: Path, vocab_size: int = 4096) -> Path:

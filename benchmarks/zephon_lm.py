@@ -20,7 +20,7 @@ def zephon_lm_pipeline(
     seq_len: int = SEQ_LEN,
     num_bins: int = NUM_BINS,
     batch_size: int = BATCH_SIZE,
-    prefetch: int = 3,
+    prefetch: int | None = None,
     shuffle_buffer: int | None = None,
     **pipeline_kw: Any,
 ) -> zp.Pipeline:

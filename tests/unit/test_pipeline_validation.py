@@ -124,10 +124,16 @@ def test_auto_workers_follows_the_cpus_and_the_lanes(monkeypatch) -> None:
     assert zp.Pipeline(source(), canonical_replicas=8, workers="auto").workers == 0
 
 
-@pytest.mark.parametrize("bad", [-1, 0.5, None])
+@pytest.mark.parametrize("bad", [-1, 0.5, "3", True])
 def test_bad_prefetch(bad) -> None:
-    with pytest.raises(ValueError, match=rf"prefetch must be an int >= 0; got {bad!r}"):
+    with pytest.raises(ValueError, match=rf"prefetch must be None or an int >= 0; got {bad!r}"):
         zp.Pipeline(source(), prefetch=bad)
+
+
+def test_prefetch_defaults_to_a_pump_in_process_and_none_with_workers() -> None:
+    assert zp.Pipeline(source()).prefetch == 3
+    assert zp.Pipeline(source(), workers=2).prefetch == 0
+    assert zp.Pipeline(source(), workers=2, prefetch=5).prefetch == 5
 
 
 @pytest.mark.parametrize("bad", [0, -3, math.inf, math.nan, "60"])
