@@ -228,8 +228,10 @@ class TokenFileSource:
         tokens = self._tokens[f]
         if tokens is None:
             # np.memmap refuses empty files; an empty array reads the same.
+            # A plain ndarray over the mapping: slicing a np.memmap costs twice as much
+            # (its __array_finalize__ runs for every document).
             tokens = self._tokens[f] = (
-                np.memmap(self._paths[f], dtype=self._dtype, mode="r")
+                np.memmap(self._paths[f], dtype=self._dtype, mode="r").view(np.ndarray)
                 if self._file_tokens[f]
                 else np.empty(0, self._dtype)
             )
