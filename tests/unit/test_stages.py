@@ -296,3 +296,37 @@ def test_a_lane_s_first_feed_stops_at_its_first_output_and_resumes_to_the_same_o
         for a, b in zip(got, want, strict=True)
         if a.record is not None
     )
+
+
+def test_read_ahead_only_over_object_storage_and_same_samples() -> None:
+    import threading
+
+    from zephon.stages.read import ReadChunks
+
+    class Remote:
+        _paths = ["s3://bucket/a.jsonl"]
+
+        def __init__(self) -> None:
+            self.threads: set[str] = set()
+
+        def __len__(self) -> int:
+            return 100
+
+        def read(self, indices: list[int]) -> list[int]:
+            self.threads.add(threading.current_thread().name)
+            return [i * 10 for i in indices]
+
+    class Local(Remote):
+        _paths = ["/data/a.jsonl"]
+
+    for cls, ahead in ((Remote, True), (Local, False)):
+        ds = cls()
+        fetch = Fetch()
+        fetch.bind(PipelineContext(datasets=(ds,)))
+        assert fetch.remote is ahead
+        head = ReadChunks(fetch)
+        chunk = WorkChunk(1, 7, np.zeros(4, np.int32), np.arange(3, 7, dtype=np.int64), 0)
+        head.read_ahead(chunk)
+        records, _ = head.read(chunk).take(4)
+        assert [r.data for r in records] == [30, 40, 50, 60]
+        assert any(t.startswith("zephon-read") for t in ds.threads) is ahead

@@ -8,7 +8,7 @@ from typing import Any
 from zephon.chunks import SamplePointer
 from zephon.operators.base import Operator, OpTraits, Output, PipelineContext
 from zephon.records import Record
-from zephon.sources._fs import thread_io_retries
+from zephon.sources._fs import reads_remote, thread_io_retries
 
 
 def read_many(dataset: Any, indices: list[int]) -> list[Any]:
@@ -34,9 +34,12 @@ class Fetch(Operator):
         self._datasets: Sequence[Any] = ()
         #: Reads retried after transient I/O failures, per lane (``stats()["io_retries"]``).
         self.io_retries: dict[int, int] = {}
+        #: Some dataset reads from object storage: a worker reads chunks ahead.
+        self.remote = False
 
     def bind(self, ctx: PipelineContext) -> None:
         self._datasets = ctx.datasets
+        self.remote = any(reads_remote(ds) for ds in self._datasets)
         if not self._datasets:
             raise ValueError(
                 "fetch needs the work source's datasets; the work source exposes none "

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from zephon.chunks import WorkChunk
 from zephon.records import FlushSentinel, LazyRecord, SampleCursor
 from zephon.replay import ReplayFilter
 from zephon.runners import wire
@@ -63,7 +64,7 @@ class Worker:
             from concurrent.futures import ThreadPoolExecutor
 
             pool = ThreadPoolExecutor(cap, thread_name_prefix="zephon-op")
-        runner = ChainRunner(plan, pool)
+        runner = self.runner = ChainRunner(plan, pool)
         filt = runner.replay_filter
         assert isinstance(filt, ReplayFilter)
         for lane, cursor in cfg["targets"].items():
@@ -115,6 +116,9 @@ class Worker:
         items = wire.feed_items(msg)
         if items:
             self.feeds[lane].append(items)
+            for it in items:
+                if type(it) is WorkChunk:
+                    self.runner.head.read_ahead(it)
 
     def _pull(self, lane: int) -> list[Any]:
         """The lane's next feed unit, from the parent (two are kept asked for)."""

@@ -92,6 +92,13 @@ def normalize_paths(owner: str, paths: PathsArg) -> list[str]:
     return result
 
 
+def reads_remote(dataset: Any) -> bool:
+    """Whether ``dataset`` is a built-in file source over object storage (any of its files
+    a URL): its reads wait on the network, so reading a chunk ahead pays."""
+    paths = getattr(dataset, "_paths", None)
+    return isinstance(paths, (list, tuple)) and any(isinstance(p, str) and is_url(p) for p in paths)
+
+
 def is_url(path: str) -> bool:
     """Whether `path` names a protocol (``s3://``, ``memory://``) that fsspec must open."""
     return "://" in path

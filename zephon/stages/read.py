@@ -5,15 +5,24 @@ as it is expanded (one batched read per dataset) and the steps start after fetch
 counted as having run; otherwise the records carry sample pointers and the steps start at
 the first operator. The records are made when they are taken (:class:`ChunkRecords`), so a
 lane that runs its chunk in steps keeps the samples, not a record per sample.
+
+Over object storage a worker reads ahead: when a chunk arrives (a worker asks for two feed
+units per lane ahead), :meth:`ReadChunks.read_ahead` starts its read on a thread, and
+:meth:`ReadChunks.read` takes the result when the lane gets to the chunk. The samples are
+the same; only when they are read changes.
 """
 
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from zephon.chunks import SamplePointer, WorkChunk
 from zephon.operators.fetch import Fetch
 from zephon.records import Contributor, Record
+
+#: Threads reading chunks ahead over object storage, per process.
+READ_AHEAD_THREADS = 8
 
 
 class ChunkRecords:
@@ -67,11 +76,30 @@ class ReadChunks:
     def __init__(self, fetch: Fetch | None) -> None:
         self.fetch = fetch
         self.start = 0 if fetch is None else 1
+        self._ahead: dict[tuple[int, int], Future[list[Any]]] = {}
+        self._pool: ThreadPoolExecutor | None = None
+
+    def read_ahead(self, chunk: WorkChunk) -> None:
+        """Starts reading ``chunk``'s samples on a thread, where reads wait on object
+        storage (nothing otherwise: local reads are cheaper in line)."""
+        fetch = self.fetch
+        if fetch is None or not fetch.remote:
+            return
+        key = (chunk.lane, chunk.chunk_id)
+        if key in self._ahead:
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(READ_AHEAD_THREADS, thread_name_prefix="zephon-read")
+        comps, indices = chunk.components.tolist(), chunk.indices.tolist()
+        self._ahead[key] = self._pool.submit(fetch.read, comps, indices, chunk.lane)
 
     def read(self, chunk: WorkChunk) -> ChunkRecords:
         comps = chunk.components.tolist()
         if self.fetch is None:
             return ChunkRecords(chunk, comps, None)
+        ahead = self._ahead.pop((chunk.lane, chunk.chunk_id), None) if self._ahead else None
+        if ahead is not None:
+            return ChunkRecords(chunk, comps, ahead.result())
         return ChunkRecords(
             chunk, comps, self.fetch.read(comps, chunk.indices.tolist(), chunk.lane)
         )
