@@ -644,6 +644,30 @@ def test_ring_slots_are_sized_from_the_batches(zero_copy: bool) -> None:
     assert run(2) == ref
 
 
+def _row_508(x: int) -> dict[str, np.ndarray]:
+    return {"x": np.full(508, x, dtype=np.int32)}
+
+
+def test_a_batch_that_fits_a_slot_only_without_its_metadata_moves_too() -> None:
+    """512 rows of 2,032 bytes fill a 1 MiB slot but for 8 KiB; their 512 contributors
+    (16 KiB of metadata) do not fit beside them: the worker moves to a bigger ring."""
+
+    def run(workers: int) -> list[bytes]:
+        src = zp.StaticMixtureWorkSource(
+            [zp.ArraySource(np.arange(2048, dtype=np.int64))],
+            seed=0,
+            chunk_size=512,
+            num_epochs=1,
+        )
+        pipe = zp.Pipeline(src, canonical_replicas=1, workers=workers).fetch().map(_row_508)
+        with pipe.batch(512) as p:
+            return [b["x"].tobytes() for b in p]
+
+    ref = run(0)
+    assert len(ref) == 4 and len(ref[0]) == 512 * 2032
+    assert run(1) == ref
+
+
 def test_a_batch_above_the_most_slots_may_grow_to_is_an_error_with_both_sizes(
     monkeypatch,
 ) -> None:

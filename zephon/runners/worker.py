@@ -194,8 +194,18 @@ class Worker:
             return
         need = message_nbytes(len(packed), self._slot_arrays)
         if need > slot.capacity:
+            if self.max_slot_bytes is None:
+                slot.abort()
+                raise slot_too_small(
+                    f"{what} with its metadata ({len(packed)} B)", need, slot.capacity
+                )
+            # Sized from the batches: the arrays fit but not with their metadata. Copy them
+            # out of the slot, move to a bigger ring, and put them there.
+            copies = [a.copy() for a in self._slot_arrays]
             slot.abort()
-            raise slot_too_small(f"{what} with its metadata ({len(packed)} B)", need, slot.capacity)
+            self._fits(f"{what} with its metadata ({len(packed)} B)", need)
+            self.ring.put(packed, copies)
+            return
         slot.commit(packed)
 
     def run(self) -> None:
