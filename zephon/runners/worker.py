@@ -160,8 +160,9 @@ class Worker:
         end = max((o + n for o, n in zip(plan_layout(sizes), sizes, strict=True)), default=0)
         if end > self.ring.slot_bytes:
             shapes = ", ".join(f"{k}: {np.dtype(d).name}{list(s)}" for k, (s, d) in spec.items())
-            # room for the metadata too (contributors: 32 bytes a piece)
-            self._fits(f"a batch of lane {lane} ({shapes})", end + (64 << 10))
+            # growing: room for the metadata too (contributors: 32 bytes a piece)
+            margin = 0 if self.max_slot_bytes is None else 64 << 10
+            self._fits(f"a batch of lane {lane} ({shapes})", end + margin)
         self._slot = self.ring.reserve(timeout_s=None)
         arrays = {k: self._slot.array(shape, dtype) for k, (shape, dtype) in spec.items()}
         self._slot_arrays = list(arrays.values())
