@@ -21,6 +21,7 @@ import warnings
 from dataclasses import dataclass
 
 from zephon.operators.base import Operator
+from zephon.operators.batch import Batch
 from zephon.operators.fetch import Fetch
 from zephon.replay import ReplayFilter
 from zephon.stages.base import ReplayView, Step, operator_step
@@ -42,6 +43,10 @@ class Plan:
         reads: the head reads each chunk's samples with ``ops[0]`` (a built-in fetch on
             this thread); otherwise records of pointers go to ``ops[0]``.
         fused: ``(first, count)`` of each run of operators one fused stage stands for.
+        padding: the index of the operator that makes padding batches for lanes that ended
+            (``batch(pad_last=True)``), or ``None``.
+        readers: the indices of the operators that read samples (``fetch``), whose I/O
+            retries the runners count.
     """
 
     ops: list[Operator]
@@ -54,6 +59,8 @@ class Plan:
     prefetch: int
     ring_slots: int
     chunk_size: int
+    padding: int | None
+    readers: tuple[int, ...]
 
     @property
     def replay_filter(self) -> ReplayFilter:
@@ -138,6 +145,9 @@ def compile_plan(
     # A pool exists when some operator asks for threads; a tokenize that does keeps them.
     threaded = max((op.parallelism for op in full), default=1) > 1
     reads = type(full[0]) is Fetch and full[0].parallelism <= 1
+    padding = at + 1 if batch_at and isinstance(ops[batch_at[0]], Batch) else None
+    if padding is not None and not full[padding].pad_last:  # type: ignore[attr-defined]
+        padding = None
     fused: list[tuple[int, int]] = []
     i = 1 if reads else 0
     while i < len(full):
@@ -156,6 +166,8 @@ def compile_plan(
         prefetch=prefetch,
         ring_slots=ring_slots,
         chunk_size=chunk_size,
+        padding=padding,
+        readers=tuple(i for i, op in enumerate(full) if isinstance(op, Fetch)),
     )
 
 

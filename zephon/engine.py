@@ -91,7 +91,7 @@ class Engine:
         self.executor = executor
         #: ``batch(pad_last=True)``: in lockstep, lanes that ended get padded rows until
         #: every lane has ended (the Batch operator makes them).
-        self.pad_op = next((op for op in plan.ops if getattr(op, "pad_last", False)), None)
+        self.pad_op = None if plan.padding is None else plan.ops[plan.padding]
         self.pad_ended = output == "lockstep" and self.pad_op is not None
         self._ends: list[LaneOutput] = []
         self.lock = threading.RLock()

@@ -13,6 +13,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from zephon._fingerprint import call_parameters
 from zephon.records import FlushSentinel, Record, Tombstone
 
@@ -125,3 +127,24 @@ class LaneStateOperator(Operator):
         clone = copy.copy(self)
         clone._lanes = {}
         return clone
+
+
+def check_fits(what: str, feature: str, value: Any, dtype: np.dtype) -> None:
+    """Raises unless ``dtype`` holds ``value`` exactly: the one check of every pad, BOS and
+    ignore value an operator writes into a feature. A float is never taken for an integer or
+    boolean feature, and a boolean feature takes only 0, 1, False and True.
+
+    ``what`` names the operator call (``"pack(bos_id=70000)"``) for the error."""
+    dtype = np.dtype(dtype)
+    try:
+        fits = np.can_cast(np.min_scalar_type(value), dtype) or bool(
+            np.asarray(value).astype(dtype) == value
+            and not (isinstance(value, float) and dtype.kind in "biu")
+        )
+    except (TypeError, ValueError, OverflowError):
+        fits = False
+    if not fits:
+        raise ValueError(
+            f"{what} does not fit feature {feature!r} of dtype {dtype}: give a value that "
+            f"{dtype} holds exactly, or cast the feature first (e.g. in .map())"
+        )

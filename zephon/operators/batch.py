@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from zephon.operators.base import LaneStateOperator, OpTraits, Output
+from zephon.operators.base import LaneStateOperator, OpTraits, Output, check_fits
 from zephon.records import Allocator, BatchRecord, Record, Tombstone
 
 
@@ -111,13 +111,11 @@ class Batch(LaneStateOperator):
 
     def _pad_row(self, data: dict[str, Any]) -> dict[str, np.ndarray]:
         """One padding row shaped like ``data``: every feature its pad value."""
-        from zephon.operators.lm import check_pad_value
-
         row = {}
         for k, v in data.items():
             a = np.asarray(v)
             value = self.pad_values.get(k, 0)
-            check_pad_value("batch", k, value, a.dtype)
+            check_fits(f"batch(pad_values={{{k!r}: {value!r}}})", k, value, a.dtype)
             row[k] = np.full(a.shape, value, dtype=a.dtype)
         return row
 

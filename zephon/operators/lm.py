@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from zephon.operators.base import Operator, OpTraits, Output
+from zephon.operators.base import Operator, OpTraits, Output, check_fits
 from zephon.records import Record
 
 #: Output names per naming scheme: (inputs, targets, segment ids suffix, positions suffix).
@@ -20,24 +20,6 @@ _NAMES = {
     "zephon": ("_segment_ids", "_positions"),
     "maxtext": ("_segmentation", "_position"),
 }
-
-
-def check_pad_value(op: str, feature: str, value: Any, dtype: np.dtype) -> None:
-    """Raises the error for a pad value that ``dtype`` cannot hold exactly."""
-    dtype = np.dtype(dtype)
-    try:
-        cast = np.array(value).astype(dtype)
-        fits = bool(np.all(cast == np.array(value))) and (
-            dtype.kind != "b" or value in (0, 1)  # False/True, or 0/1
-        )
-    except (TypeError, ValueError, OverflowError):
-        fits = False
-    if not fits:
-        raise ValueError(
-            f"{op}: pad value {value!r} for feature {feature!r} does not fit its dtype "
-            f"{dtype.name}; give a value of that dtype (pad_values={{{feature!r}: ...}}) or "
-            "cast the feature first"
-        )
 
 
 class LmTargets(Operator):
@@ -92,7 +74,9 @@ class LmTargets(Operator):
         tokens = np.asarray(data[f])
         seg = np.asarray(data[seg_name])
         if tokens.dtype not in self._checked:
-            check_pad_value("lm_targets", "targets", self.ignore_id, tokens.dtype)
+            check_fits(
+                f"lm_targets(ignore_id={self.ignore_id!r})", "targets", self.ignore_id, tokens.dtype
+            )
             self._checked.add(tokens.dtype)
         # targets[i] = tokens[i + 1] where token i + 1 is of the same segment; ignore_id at a
         # segment's last token (its next token starts another document, or is padding), on
@@ -180,7 +164,7 @@ class TrimOrPad(Operator):
                 continue
             pad = self.pad_values.get(k, 0)
             if (k, a.dtype) not in self._checked:
-                check_pad_value("trim_or_pad", k, pad, a.dtype)
+                check_fits(f"trim_or_pad(pad_values={{{k!r}: {pad!r}}})", k, pad, a.dtype)
                 self._checked.add((k, a.dtype))
             row = np.empty(m, dtype=a.dtype)
             row[:keep] = a[:keep]

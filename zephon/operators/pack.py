@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from zephon.errors import ContractViolation
-from zephon.operators.base import LaneStateOperator, OpTraits, Output
+from zephon.operators.base import LaneStateOperator, OpTraits, Output, check_fits
 from zephon.operators.placement import CONCAT_THEN_SPLIT, STRATEGIES, place
 from zephon.records import Contributor, LazyRecord, Record
 
@@ -374,7 +374,7 @@ class Pack(LaneStateOperator):
         if pad == 0 and type(pad) is not float:
             return np.zeros(self.seq_len, dtype=dtype)
         if (column, dtype) not in self._checked:
-            _check_fits(f"pack(pad_values={{{name!r}: {pad!r}}})", name, pad, dtype)
+            check_fits(f"pack(pad_values={{{name!r}: {pad!r}}})", name, pad, dtype)
             self._checked.add((column, dtype))
         return np.full(self.seq_len, pad, dtype=dtype)
 
@@ -407,7 +407,7 @@ class Pack(LaneStateOperator):
             if j < n_features:
                 if firsts is not None:
                     if (-1, buf.dtype) not in self._checked:
-                        _check_fits(f"pack(bos_id={bos!r})", name, bos, buf.dtype)
+                        check_fits(f"pack(bos_id={bos!r})", name, bos, buf.dtype)
                         self._checked.add((-1, buf.dtype))
                     buf[firsts] = bos
                 data[name + "_segment_ids"] = seg if j == 0 else seg.copy()
@@ -470,22 +470,6 @@ def _names(what: str, names: Any) -> tuple[str, ...]:
     if isinstance(names, str) or not all(isinstance(n, str) and n for n in names):
         raise ValueError(f"pack({what}=...) must be a list of feature names; got {names!r}")
     return tuple(names)
-
-
-def _check_fits(what: str, name: str, value: Any, dtype: np.dtype) -> None:
-    """Raises unless ``value`` is exactly representable in ``dtype``."""
-    try:
-        fits = np.can_cast(np.min_scalar_type(value), dtype) or (
-            np.asarray(value).astype(dtype) == value
-            and not (isinstance(value, float) and dtype.kind in "biu")
-        )
-    except (TypeError, ValueError, OverflowError):
-        fits = False
-    if not fits:
-        raise ValueError(
-            f"{what} does not fit feature {name!r} of dtype {dtype}: give a value that "
-            f"{dtype} holds exactly, or cast the feature first (e.g. in .map())"
-        )
 
 
 def _component(p: Piece) -> int:

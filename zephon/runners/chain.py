@@ -22,16 +22,18 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from zephon.chunks import WorkChunk
 from zephon.compile import Plan
 from zephon.errors import ContractViolation
 from zephon.operators.base import Operator, OpStats
-from zephon.operators.fetch import Fetch
 from zephon.records import Contributor, FlushSentinel, Record, Tombstone
 from zephon.stages.base import ReplayView
 from zephon.stages.read import ChunkRecords
+
+if TYPE_CHECKING:
+    from zephon.operators.fetch import Fetch
 
 
 class LaneCounts(NamedTuple):
@@ -99,7 +101,7 @@ class ChainRunner:
         self.stats: list[OpStats] = [OpStats() for _ in self.ops]
         self._lane_stats: dict[int, list[OpStats]] = {}
         self._self_counting = [step for step in self.steps if step.counts_itself]
-        self._fetches = [op for op in self.ops if isinstance(op, Fetch)]
+        self._fetches: list[Fetch] = [self.ops[i] for i in plan.readers]  # type: ignore[misc]
         # A first step that takes a chunk's read samples as they are, without records.
         first = self.steps[0].run if self.steps and self.head.fetch is not None else None
         self._takes_samples = first if hasattr(first, "process_samples") else None

@@ -155,6 +155,29 @@ def test_trim_or_pad_errors() -> None:
         TrimOrPad(4, pad_values=[0])  # type: ignore[arg-type]
 
 
+def test_every_written_value_is_checked_by_one_rule_with_one_message() -> None:
+    """lm_targets' ignore_id, trim_or_pad's and batch's pad values (and pack's, tested with
+    pack) go through one check: exact representation, no float into an integer feature."""
+    from zephon.operators.batch import Batch
+
+    fix = r"does not fit feature '{}' of dtype {}: give a value that .* or cast the feature"
+    with pytest.raises(
+        ValueError, match=r"lm_targets\(ignore_id=-100\) " + fix.format("targets", "uint16")
+    ):
+        _layout({**_packed_row(), "tokens": np.arange(7, dtype=np.uint16)})
+    with pytest.raises(
+        ValueError,
+        match=r"trim_or_pad\(pad_values=\{'tokens': 1.0\}\) " + fix.format("tokens", "int32"),
+    ):
+        TrimOrPad(4, {"tokens": 1.0}).process(_record({"tokens": np.arange(2, dtype=np.int32)}))
+    with pytest.raises(
+        ValueError, match=r"batch\(pad_values=\{'x': 300\}\) " + fix.format("x", "int8")
+    ):
+        Batch(2, pad_last=True, pad_values={"x": 300})._pad_row({"x": np.zeros(3, np.int8)})
+    row = Batch(2, pad_last=True, pad_values={"x": True})._pad_row({"x": np.zeros(3, bool)})
+    assert row["x"].tolist() == [True, True, True]
+
+
 # ------------------------------------------------------------------ random_map
 def _noise(d: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
     return {**d, "noise": rng.integers(0, 2**31, size=len(d["tokens"]), dtype=np.int64)}
