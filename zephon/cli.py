@@ -65,7 +65,7 @@ def lengths(args: argparse.Namespace) -> int:
     resuming = os.path.exists(target + PARTIAL)
     t0 = time.perf_counter()
     try:
-        zp.build_length_index(ds, tokenizer, target, progress=not args.quiet)
+        target = zp.build_length_index(ds, tokenizer, args.out, progress=not args.quiet)
     except KeyboardInterrupt:
         print(
             f"\nzephon lengths: interrupted; {target}{PARTIAL} keeps what was counted: run the "

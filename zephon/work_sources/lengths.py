@@ -1,8 +1,10 @@
 """Token counts per sample, for token-denominated mixture weights.
 
 A component's lengths come from the dataset when it knows them, or from a *length index*:
-one uint32 per sample, counted once with the pipeline's tokenizer and stored beside the data
-(``zephon lengths DATA --tokenizer ...``, or :func:`build_length_index`).
+one uint32 per sample, counted once with the pipeline's tokenizer and stored beside the data,
+or in the cache directory where the data's directory is read-only or the data is a URL
+(``zephon lengths DATA --tokenizer ...``, or :func:`build_length_index`; see
+:func:`index_locations`).
 
 * ``TokenFileSource``: its document offsets (``token_offsets()``), nothing to count;
 * ``ArraySource`` of token arrays (or of dicts with a ``"tokens"`` array): the arrays'
@@ -27,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -34,12 +37,15 @@ from typing import Any
 import numpy as np
 
 from zephon.errors import LengthIndexError
+from zephon.sources._fs import is_url
 from zephon.sources.identity import array_sample, dataset_identity, short_digest
+from zephon.sources.index_cache import cache_dir
 
 __all__ = [
     "ComponentLengths",
     "build_length_index",
     "default_index_path",
+    "index_locations",
     "open_length_index",
     "resolve_lengths",
 ]
@@ -173,12 +179,15 @@ def _tokenizer_text(tokenizer: Any, field: str | None) -> str:
     return f"{tokenizer!r}" + ("" if field is None else f" field={field!r}")
 
 
-def default_index_path(dataset: Any, tokenizer: Any, field: str | None = None) -> str:
-    """``<first data file>.lengths-<8 hex of the tokenizer>.zlen``: beside the data, one file
-    per tokenizer.
+def index_locations(dataset: Any, tokenizer: Any, field: str | None = None) -> list[str]:
+    """Where the length index of ``dataset`` under ``tokenizer`` may be, in the order looked
+    at: beside the first data file (``<file>.lengths-<8 hex of the tokenizer>.zlen``), then
+    in the cache directory (``$ZEPHON_CACHE_DIR/lengths/``, see
+    :func:`~zephon.sources.index_cache.cache_dir`), where an index goes when the data's
+    directory is read-only or the data is a URL (nothing is ever written to a bucket).
 
     Raises:
-        ValueError: the dataset has no files to put the index beside (pass a path).
+        ValueError: the dataset has no files to key an index by (pass a path).
     """
     paths = _data_paths(dataset)
     if paths is None:
@@ -187,7 +196,51 @@ def default_index_path(dataset: Any, tokenizer: Any, field: str | None = None) -
             "pass path= to say where it goes"
         )
     tag = short_digest(_tokenizer_text(tokenizer, field))[:8]
-    return f"{paths[0]}.lengths-{tag}{SUFFIX}"
+    first = paths[0]
+    where = [p if is_url(p) else os.path.abspath(p) for p in paths]
+    key = short_digest("\0".join(where))[:16]
+    name = os.path.basename(first.rstrip("/"))[:60] or "data"
+    shared = str(cache_dir() / "lengths" / f"{key}-{name}.lengths-{tag}{SUFFIX}")
+    if is_url(first):
+        return [shared]
+    return [f"{first}.lengths-{tag}{SUFFIX}", shared]
+
+
+def default_index_path(dataset: Any, tokenizer: Any, field: str | None = None) -> str:
+    """Where the index is looked for and, when not told, built: the first of
+    :func:`index_locations` that holds one (or an unfinished build), else the first whose
+    directory can be written (beside the data, unless that directory is read-only).
+
+    Raises:
+        ValueError: the dataset has no files to key an index by (pass a path).
+    """
+    places = index_locations(dataset, tokenizer, field)
+    for place in places:
+        if os.path.exists(place) or os.path.exists(place + PARTIAL):
+            return place
+    for place in places[:-1]:
+        try:
+            with tempfile.TemporaryFile(dir=os.path.dirname(place) or "."):
+                return place
+        except OSError:
+            continue
+    return places[-1]
+
+
+def _writable(places: list[str]) -> str:
+    """The first of ``places`` where an unfinished index (``PATH.partial``) can be opened."""
+    errors = []
+    for target in places:
+        try:
+            os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
+            with open(target + PARTIAL, "ab"):
+                return target
+        except OSError as e:
+            errors.append(f"{target}{PARTIAL}: {e.strerror or e}")
+    raise OSError(
+        f"no place to write the length index ({'; '.join(errors)}); set ZEPHON_CACHE_DIR to "
+        "a writable directory or pass path="
+    )
 
 
 def _header(dataset: Any, tokenizer: Any, field: str | None) -> dict[str, Any]:
@@ -288,8 +341,9 @@ def open_length_index(
     target = os.fspath(path) if path is not None else default_index_path(dataset, tokenizer, field)
     if not os.path.exists(target):
         partial = os.path.exists(target + PARTIAL)
+        looked = [target] if path is not None else index_locations(dataset, tokenizer, field)
         raise LengthIndexError(
-            f"no length index at {target}"
+            f"no length index at {' or '.join(looked)}"
             + (
                 " (an interrupted build left its .partial: run it again to finish)"
                 if partial
@@ -364,7 +418,8 @@ def build_length_index(
         dataset: a random-access dataset (``ds[i]`` is the text, or a dict with ``field``).
         tokenizer: anything with ``encode`` (``count_tokens`` or ``encode_batch`` used when
             present): the pipeline's tokenizer.
-        path: where the index goes (default: :func:`default_index_path`).
+        path: where the index goes (default: :func:`default_index_path`, and the cache
+            directory when that cannot be written).
         field: tokenize ``ds[i][field]`` instead of ``ds[i]`` (what ``tokenize(field=...)``
             does).
         progress: show a tqdm progress bar on stderr.
@@ -379,20 +434,26 @@ def build_length_index(
 
     Raises:
         ValueError: a count does not fit in 32 bits.
+        OSError: no location can be written (the message names each and why).
     """
     from tqdm import tqdm
 
     from zephon.operators.fetch import read_many
 
-    target = os.fspath(path) if path is not None else default_index_path(dataset, tokenizer, field)
-    partial = target + PARTIAL
+    if path is not None:
+        places = [os.fspath(path)]
+    else:
+        first = default_index_path(dataset, tokenizer, field)
+        places = [first] + [p for p in index_locations(dataset, tokenizer, field) if p != first]
     expected = _header(dataset, tokenizer, field)
-    if os.path.exists(target):
+    if os.path.exists(places[0]):
         try:
-            open_length_index(dataset, tokenizer, target, field=field)
-            return target  # up to date
+            open_length_index(dataset, tokenizer, places[0], field=field)
+            return places[0]  # up to date
         except LengthIndexError:
             pass  # stale: build it again
+    target = _writable(places)
+    partial = target + PARTIAL
     n = expected["count"]
     done = 0
     if os.path.exists(partial):

@@ -12,7 +12,13 @@ import pytest
 import zephon as zp
 from zephon.cli import main
 from zephon.errors import LengthIndexError
-from zephon.work_sources.lengths import PARTIAL, default_index_path, resolve_lengths
+from zephon.work_sources.lengths import (
+    PARTIAL,
+    _writable,
+    default_index_path,
+    index_locations,
+    resolve_lengths,
+)
 
 
 def write_jsonl(path, texts) -> None:
@@ -144,6 +150,33 @@ def test_build_open_and_use_a_length_index(tmp_path) -> None:
     mtime = os.path.getmtime(target)
     assert zp.build_length_index(web, tok, progress=False) == target
     assert os.path.getmtime(target) == mtime
+
+
+def test_an_index_of_data_in_a_bucket_goes_to_the_cache_directory(tmp_path, monkeypatch) -> None:
+    import fsspec
+
+    monkeypatch.setenv("ZEPHON_CACHE_DIR", str(tmp_path / "cache"))
+    with fsspec.open("memory://lengths-test/web.jsonl", "w") as f:
+        f.write("".join(json.dumps({"text": t}) + "\n" for t in TEXTS[:300]))
+    web = zp.JsonlSource("memory://lengths-test/web.jsonl", field="text")
+    tok = zp.ByteTokenizer()
+    (only,) = index_locations(web, tok)  # nothing is ever written to a bucket
+    assert only.startswith(str(tmp_path / "cache" / "lengths")) and only.endswith(".zlen")
+    with pytest.raises(LengthIndexError, match=rf"no length index at {only}"):
+        zp.open_length_index(web, tok)
+    assert zp.build_length_index(web, tok, progress=False) == only
+    assert zp.open_length_index(web, tok).tolist() == [len(tok.encode(t)) for t in TEXTS[:300]]
+
+
+def test_where_the_data_directory_cannot_be_written_the_index_goes_to_the_next_place(
+    tmp_path,
+) -> None:
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where a directory would have to be")
+    places = [str(blocked / "web.zlen"), str(tmp_path / "cache" / "web.zlen")]
+    assert _writable(places) == places[1]
+    with pytest.raises(OSError, match=r"no place to write the length index.*ZEPHON_CACHE_DIR"):
+        _writable(places[:1])
 
 
 class Interrupting:
