@@ -116,6 +116,8 @@ class Proxy:
         self.requests = 0  # forwarded
         self.methods: dict[str, int] = {}
         self.dropped = 0
+        self.in_flight = 0  # requests being delayed or forwarded now
+        self.max_in_flight = 0  # the most at once since the last reset_counts
         self._fail = 0
         self._lock = threading.Lock()
         owner = self
@@ -141,6 +143,16 @@ class Proxy:
                     self.close_connection = True
                     self.connection.shutdown(socket.SHUT_RDWR)
                     return
+                with owner._lock:
+                    owner.in_flight += 1
+                    owner.max_in_flight = max(owner.max_in_flight, owner.in_flight)
+                try:
+                    self._answer(body)
+                finally:
+                    with owner._lock:
+                        owner.in_flight -= 1
+
+            def _answer(self, body: bytes | None) -> None:
                 if owner.delay_s:
                     time.sleep(owner.delay_s)
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_HEADERS}
@@ -185,6 +197,7 @@ class Proxy:
     def reset_counts(self) -> None:
         with self._lock:
             self.requests, self.dropped, self.methods = 0, 0, {}
+            self.max_in_flight = self.in_flight
 
     def close(self) -> None:
         self._httpd.shutdown()

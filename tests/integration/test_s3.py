@@ -146,6 +146,21 @@ def test_second_start_reads_no_object(s3, corpus, cache_dir):
     assert again[30] == first[30]
 
 
+def test_parquet_row_groups_of_a_bucket_are_read_concurrently(s3, corpus, cache_dir):
+    _, docs = corpus
+    proxy = s3.proxy(delay_s=0.05)  # so that requests that overlap are seen overlapping
+    parquet = zp.ParquetSource(
+        _url("docs.parquet"), field="text", storage_options=proxy.storage_options
+    )
+    proxy.reset_counts()
+    wanted = [59, 0, 45, 9, 27, 18, 36, 1]  # row groups of 9 rows: 7 of them
+    assert parquet.read(wanted) == [docs[i] for i in wanted]
+    assert proxy.max_in_flight >= 3, proxy.max_in_flight  # one after another would be 1
+    proxy.reset_counts()
+    assert parquet.read([54, 59]) == [docs[54], docs[59]]  # cached in this thread: no request
+    assert proxy.requests == 0
+
+
 def test_pipeline_over_the_bucket_resumes_exactly_with_workers(s3, corpus, cache_dir):
     opts = s3.storage_options
 

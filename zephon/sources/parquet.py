@@ -6,6 +6,7 @@ import functools
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
@@ -32,6 +33,8 @@ _T = TypeVar("_T")
 # Row groups kept decoded per thread: enough for a few interleaved readers of nearby
 # rows without holding much of a file in memory.
 _CACHED_ROW_GROUPS = 4
+#: Row groups of files on object storage read at once by one ``read``.
+_REMOTE_GROUPS_AT_ONCE = 8
 
 
 def _import_parquet() -> Any:
@@ -129,16 +132,20 @@ class ParquetSource:
         return table.slice(row, 1).to_pylist()[0]
 
     def read(self, indices: Sequence[int]) -> list[Any]:
-        """Rows at `indices`, in that order; decodes each row group once."""
+        """Rows at `indices`, in that order; decodes each row group once. Row groups of
+        files on object storage that are not cached yet are read concurrently (up to
+        :data:`_REMOTE_GROUPS_AT_ONCE` at a time)."""
         checked = np.array(
             [check_index("ParquetSource", i, len(self)) for i in indices], dtype=np.int64
         )
         out: list[Any] = [None] * len(checked)
         groups = np.searchsorted(self._group_starts, checked, side="right") - 1
-        for group in np.unique(groups):
+        wanted = [int(g) for g in np.unique(groups)]
+        tables = self._row_groups_at_once(wanted)
+        for group in wanted:
             positions = np.flatnonzero(groups == group)
             rows = checked[positions] - self._group_starts[group]
-            table = self._row_group(int(group))
+            table = tables[group]
             if self._field is not None:
                 values = table.column(0).take(rows).to_pylist()
             else:
@@ -214,14 +221,43 @@ class ParquetSource:
         # side="right" steps over empty row groups, whose start equals the next one's.
         return int(np.searchsorted(self._group_starts, i, side="right")) - 1
 
-    def _row_group(self, group: int) -> pa.Table:
+    def _cache(self) -> OrderedDict[int, pa.Table]:
         cache: OrderedDict[int, pa.Table] | None = getattr(self._local, "row_groups", None)
         if cache is None:
             cache = self._local.row_groups = OrderedDict()
-        table = cache.get(group)
-        if table is not None:
-            cache.move_to_end(group)
-            return table
+        return cache
+
+    def _row_group(self, group: int) -> pa.Table:
+        return self._row_groups_at_once([group])[group]
+
+    def _row_groups_at_once(self, groups: list[int]) -> dict[int, pa.Table]:
+        """The decoded tables of ``groups``: from this thread's cache, else read (those of
+        remote files on threads, all at once) and cached."""
+        cache = self._cache()
+        found: dict[int, pa.Table] = {}
+        missing = []
+        for group in groups:
+            table = cache.get(group)
+            if table is None:
+                missing.append(group)
+            else:
+                cache.move_to_end(group)
+                found[group] = table
+        remote = [g for g in missing if is_url(self._paths[int(self._group_files[g])])]
+        if len(remote) > 1:
+            with ThreadPoolExecutor(min(len(remote), _REMOTE_GROUPS_AT_ONCE)) as pool:
+                found.update(zip(remote, pool.map(self._read_group, remote), strict=True))
+        for group in missing:
+            if group not in found:
+                found[group] = self._read_group(group)
+        for group in missing:
+            cache[group] = found[group]
+            if len(cache) > _CACHED_ROW_GROUPS:
+                cache.popitem(last=False)
+        return found
+
+    def _read_group(self, group: int) -> pa.Table:
+        """Row group ``group`` read from its file (no cache)."""
         pq = _import_parquet()
         path = self._paths[int(self._group_files[group])]
         columns = [self._field] if self._field is not None else self._columns
@@ -231,11 +267,7 @@ class ParquetSource:
             with pq.ParquetFile(source) as parquet_file:
                 return parquet_file.read_row_group(local, columns=columns)
 
-        table = _with_file(path, read_group, self._storage_options)
-        cache[group] = table
-        if len(cache) > _CACHED_ROW_GROUPS:
-            cache.popitem(last=False)
-        return table
+        return _with_file(path, read_group, self._storage_options)
 
 
 def _with_file(
