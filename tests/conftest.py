@@ -3,6 +3,11 @@
 Under ``CI=true`` a skipped test is a failed test: every piece a test needs (etcd, JAX, the
 native ring, optional extras) is installed by the test command, so a skip there means
 something is missing, and CI must say so instead of passing quietly.
+
+Tests marked ``native`` compare the C extensions with their pure-Python twins, so they need
+the extensions. Under ``ZEPHON_PURE_PYTHON=1`` (the second pass of ``scripts/test``, which
+runs everything else on the Python twins) the extensions are off on purpose, and these tests
+are deselected rather than skipped.
 """
 
 from __future__ import annotations
@@ -12,6 +17,16 @@ import os
 import pytest
 
 CI = os.environ.get("CI", "").lower() == "true"
+PURE_PYTHON = os.environ.get("ZEPHON_PURE_PYTHON") == "1"
+
+
+def pytest_collection_modifyitems(config, items):
+    if not PURE_PYTHON:
+        return
+    native = [item for item in items if item.get_closest_marker("native")]
+    if native:
+        config.hook.pytest_deselected(items=native)
+        items[:] = [item for item in items if not item.get_closest_marker("native")]
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -3,6 +3,9 @@ one repetition) writes its JSON with rows, and ``python -m benchmarks`` runs que
 writes its summary. Numbers are not checked here (CI machines are noisy); correctness claims
 the benchmarks make (exact resume, exact elastic continuation) are.
 
+These runs are benchmark code, not product code: they carry the ``bench`` marker, which the
+default run leaves out (``pyproject.toml``); ``pytest -m bench`` runs them.
+
 Grain is a benchmark-only extra: where it is not installed the scripts measure Zephon alone.
 """
 
@@ -50,7 +53,7 @@ def _rows(results: Path, name: str) -> list[dict]:
     return rows
 
 
-@pytest.mark.slow
+@pytest.mark.bench
 @pytest.mark.processes
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_script_quick(name, tmp_path, capsys):
@@ -100,7 +103,7 @@ def test_script_quick(name, tmp_path, capsys):
         assert all(r["(PSS - baseline) / array"] < 2.6 for r in pss), pss  # a copy each: 3
 
 
-@pytest.mark.slow
+@pytest.mark.bench
 def test_suite_runner_writes_summary(tmp_path, capsys):
     from benchmarks.__main__ import main
 

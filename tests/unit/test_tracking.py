@@ -52,7 +52,7 @@ def close_chunk(t: LaneTracker, chunk_id: int, offsets=range(4)) -> None:
     t.deliver([Contributor(chunk_id, o, 0, True) for o in offsets], None)
 
 
-@pytest.fixture(params=["C", "Python"])
+@pytest.fixture(params=[pytest.param("C", marks=pytest.mark.native), "Python"])
 def add_run_in(request, monkeypatch):
     """ChunkTrack.add_run in C (``zephon._pack.close_run``) or in pure Python."""
     if request.param == "C":
@@ -170,6 +170,7 @@ def test_unknown_chunk_in_delivery_is_reported():
         t.deliver([Contributor(9, 0, 0, True)], None)
 
 
+@pytest.mark.native
 def test_add_run_counts_many_pieces_in_c_and_python_alike(monkeypatch):
     chunk = WorkChunk(0, 3, np.zeros(64, np.int32), np.arange(64, dtype=np.int64), 0)
     rng = np.random.default_rng(0)

@@ -41,21 +41,15 @@ from typing import Any, NamedTuple, NoReturn
 import msgpack
 import numpy as np
 
+from zephon._native import load
 from zephon.errors import RingError
 from zephon.shm import pyring
 from zephon.shm.segment import Segment, attach_segment, create_segment
 
-PURE_PYTHON_ENV = "ZEPHON_PURE_PYTHON"
-
 
 def _select_core() -> tuple[ModuleType, str]:
-    if os.environ.get(PURE_PYTHON_ENV) == "1":
-        return pyring, "python"
-    try:
-        from zephon import _ring
-    except ImportError:
-        return pyring, "python"
-    return _ring, "native"
+    native = load("_ring")
+    return (pyring, "python") if native is None else (native, "native")
 
 
 _core, IMPLEMENTATION = _select_core()

@@ -116,6 +116,7 @@ def test_concat_then_split_needs_one_bin(how) -> None:
         how("concat_then_split", [0, 0], [0, 0], [3], 10)
 
 
+@pytest.mark.native
 @settings(max_examples=200, deadline=None)
 @given(
     strategy=st.sampled_from(STRATEGIES),
@@ -144,6 +145,7 @@ def test_a_piece_longer_than_cap_is_refused(how) -> None:
         how("first_fit", [0], [0], [3, 11], 10)
 
 
+@pytest.mark.native
 def test_the_c_version_checks_its_buffers() -> None:
     native = placement._NATIVE
     if native is None:

@@ -103,6 +103,7 @@ def random_lane(seed: int, k: int, unit: str, limited: bool, stop: bool) -> Stat
     )
 
 
+@pytest.mark.native
 @pytest.mark.skipif(NATIVE is None, reason="zephon._permute is not built (or ZEPHON_PURE_PYTHON=1)")
 @settings(max_examples=80, deadline=None)
 @given(

@@ -137,6 +137,7 @@ def test_mix64() -> None:
 
 
 @pytest.mark.parametrize("n", [2, 17, 1000, 20000, 2**20 + 1, 2**40 + 5, MAX_N])
+@pytest.mark.native
 @pytest.mark.parametrize("key", [0, 9, -1])
 def test_native_numpy_and_scalar_paths_agree(n: int, key: int, monkeypatch) -> None:
     """zephon._permute (C), the numpy network and the pure-Python scalar walk are one
@@ -174,6 +175,7 @@ def test_permute_runs_is_permute_of_each_run_with_its_key(native: bool, monkeypa
     assert permute_runs(np.zeros(3, dtype=np.int64), 1, [5], [0]).tolist() == [0, 0, 0]
 
 
+@pytest.mark.native
 def test_native_permute_rejects_bad_arguments() -> None:
     from zephon.work_sources import permutation
 
