@@ -1,6 +1,7 @@
 """Builds the native parts (native/): the shared-memory ring as ``zephon._ring``, the work
-sources' Feistel permutation as ``zephon._permute``, pack's placement as ``zephon._pack`` and
-the tracker's count of delivered pieces as ``zephon._track``.
+sources' Feistel permutation as ``zephon._permute``, pack's placement as ``zephon._pack``, the
+tracker's count of delivered pieces as ``zephon._track`` and the structural check of decoded
+checkpoint states as ``zephon._state``.
 
 Everything else about the package lives in pyproject.toml.
 """
@@ -23,6 +24,11 @@ setup(
         Extension(
             "zephon._track",
             sources=["native/track_module.c"],
+            extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Werror"],
+        ),
+        Extension(
+            "zephon._state",
+            sources=["native/state_module.c"],
             extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Werror"],
         ),
         Extension(

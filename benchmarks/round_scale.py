@@ -179,8 +179,14 @@ def _host(where: str, ranks: list[int], world_size: int, lanes_per_rank: int, co
                 delay = start_at - time.monotonic()
                 if delay > 0:
                     time.sleep(delay)
+                profile = os.environ.get("ZEPHON_BENCH_PROFILE") if r == 0 else None
                 try:
-                    aggs[r].round(states[r])
+                    if profile:  # the leader's round under cProfile, its stats to that file
+                        import cProfile
+
+                        cProfile.runctx("aggs[r].round(states[r])", globals(), locals(), profile)
+                    else:
+                        aggs[r].round(states[r])
                     error = None
                 except Exception as e:  # noqa: BLE001 - reported to the parent
                     error = f"{type(e).__name__}: {e}"

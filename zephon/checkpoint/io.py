@@ -32,6 +32,7 @@ from typing import Any, BinaryIO
 import msgpack
 import zstandard
 
+from zephon._native import load as load_native
 from zephon.checkpoint.atomic import atomic_write_bytes
 from zephon.checkpoint.state import FORMAT_VERSION
 from zephon.errors import CheckpointError
@@ -58,6 +59,8 @@ _FLAGS = 0
 # Checkpoint states are shallow (lanes -> chunks -> fields). A cap well under msgpack's own
 # limits turns a reference cycle or a hostile payload into a clear error, not a crash.
 _MAX_DEPTH = 256
+#: ``_plain`` in C (``native/state_module.c``): a leader runs it on every rank's state.
+_NATIVE = load_native("_state")
 _INT_MIN = -(1 << 63)
 _INT_MAX = (1 << 64) - 1
 _MAX_LEVEL = zstandard.MAX_COMPRESSION_LEVEL
@@ -458,14 +461,15 @@ def _decode(h: _Header, payload: memoryview) -> dict[str, Any]:
             f"not a checkpoint state: top level is {type(state).__name__}, expected dict"
         )
     # msgpack's strict_map_key still admits bytes keys; a state's keys are str.
-    if not _plain(state):
+    if not (_plain(state) if _NATIVE is None else _NATIVE.plain(state, _MAX_DEPTH)):
         _explain_keys(state)
     return state
 
 
 def _plain(state: dict[str, Any]) -> bool:
     """Whether every key in ``state`` is a str and nothing nests deeper than ``_MAX_DEPTH``
-    (the quick check: it builds no paths, and looks only at containers)."""
+    (the quick check: it builds no paths, and looks only at containers). ``zephon._state``'s
+    ``plain`` is the same function in C, used when built."""
     stack: list[tuple[Any, int]] = [(state, 0)]
     pop, push = stack.pop, stack.append
     while stack:

@@ -792,3 +792,51 @@ def test_save_without_permission_names_the_target() -> None:
     finally:
         os.chmod(locked, 0o755)
         shutil.rmtree(top)
+
+
+# ------------------------------------------------------- the structural check, C and Python
+
+
+def _nested(depth: int, leaf: Any) -> Any:
+    value = leaf
+    for k in range(depth):
+        value = [value] if k % 2 else {"k": value}
+    return value
+
+
+_SHAPES = [
+    {},
+    {"a": [1, 2, {"b": b"x"}], "c": None},
+    {"a": {b"k": 1}},  # a bytes key
+    {"a": [{"b": {3: 2}}]},  # an int key deep down
+    {"d": _nested(254, 1)},
+    {"d": _nested(255, 1)},
+    {"d": _nested(255, [])},  # an empty list at the limit is still plain
+    {"d": _nested(255, [1])},
+    {"d": _nested(300, {})},
+    {"l": list(range(10_000)) + [{"x": 1}] * 50},
+]
+
+
+@pytest.mark.native
+@pytest.mark.parametrize("state", _SHAPES, ids=range(len(_SHAPES)))
+def test_the_c_and_python_structural_checks_agree(state: dict[str, Any]) -> None:
+    from zephon.checkpoint import io
+
+    if io._NATIVE is None:
+        pytest.skip("zephon._state is not built (or ZEPHON_PURE_PYTHON=1)")
+    assert io._NATIVE.plain(state, io._MAX_DEPTH) is io._plain(state)
+    with pytest.raises(ValueError, match="max_depth"):
+        io._NATIVE.plain(state, -1)
+
+
+def test_a_decoded_state_is_checked_whichever_check_runs() -> None:
+    from zephon.checkpoint import io
+
+    for state in _SHAPES:
+        raw = msgpack.packb(state, use_bin_type=True)
+        if io._plain(state):
+            assert loads(envelope(raw)) == state
+        else:
+            with pytest.raises(CheckpointError, match="key|nested deeper"):
+                loads(envelope(raw))
