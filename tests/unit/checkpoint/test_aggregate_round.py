@@ -813,3 +813,53 @@ def test_leader_logs_are_prefixed_with_the_rank(local, caplog):
         run_ranks(aggs, [make_state(0, 2, 1), None])
     assert caplog.messages and all(m.startswith("[rank=0] ") for m in caplog.messages)
     close_all(aggs)
+
+
+class _LateAnnouncement:
+    """A leader's store whose next write of the announcement fails on the client side but
+    is applied later (what etcd does with requests queued while it was stalled): the
+    write is kept in ``late`` for the test to apply."""
+
+    def __init__(self, store: DirectoryStore) -> None:
+        self.store, self.fail, self.late = store, False, []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    def put(self, key: str, value: bytes) -> None:
+        if self.fail and key == KEYS.round:
+            self.fail = False
+            self.late.append((key, value))
+            raise TimeoutError("no answer within 0.5 s (the write is applied later)")
+        self.store.put(key, value)
+
+
+def test_a_follower_that_joins_a_round_its_leader_never_announced_takes_the_next(local):
+    """The leader saw its announcement of round 2 fail and gave the round up; the store
+    applies it later, and a follower's next checkpoint() joins that void round before the
+    leader's round 3 comes. Round 3's announcement names round 2 void, and the follower
+    moves to it instead of failing (both ranks return the merged state)."""
+    root = local.new()
+    n = 2
+    wrapped: dict[int, _LateAnnouncement] = {}
+
+    def wrap(rank: int, store: Any) -> Any:
+        if rank == 0:
+            wrapped[0] = _LateAnnouncement(store)
+            return wrapped[0]
+        return store
+
+    aggs = make_aggs(local, root, n, timeout_s=5.0, store_wrap=wrap)
+    states = [make_state(r, n, 1) for r in range(n)]
+    check_results([res for res, _ in run_ranks(aggs, states)], states)
+    wrapped[0].fail = True
+    (err, _), _ = run_ranks(aggs, [make_state(0, n, 2), None])
+    assert isinstance(err, AggregationError), err
+    ((key, value),) = wrapped[0].late
+    assert Announcement.decode(value).void == ()
+    local.store(root).put(key, value)  # the late write
+    states = [make_state(r, n, 3) for r in range(n)]
+    out = run_ranks(aggs, states, delays_s={0: 0.2})  # the follower joins the void round
+    check_results([res for res, _ in out], states)
+    assert aggs[1]._side.last_round[1] == 3  # type: ignore[union-attr]
+    close_all(aggs)

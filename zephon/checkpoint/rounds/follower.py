@@ -27,6 +27,9 @@ __all__ = ["Follower", "SHARE_KEY"]
 #: liveness key, and the announcement when the generation moved on (the decision key it
 #: reads every poll)
 SLOW_CHECK_S = 0.1
+#: How long a follower whose round lost its generation waits for an announcement that
+#: names the round void (see Follower._voiding_announcement).
+VOID_WAIT_S = 0.25
 
 
 class _Joined:
@@ -233,7 +236,15 @@ class Follower:
             rid = ann.round_id
             blob = view.get(keys.decision(rid))
             if blob is not None:
-                result = self._judge(joined, read_decision(blob), state)
+                decision = read_decision(blob)
+                if decision.kind == "abort" and (decision.empty or decision.record.get("void")):
+                    # The leader's notice of a round it could not announce (written, like
+                    # the announcement, late), or a notice the store took only empty?
+                    voiding = self._voiding_announcement(view, rid)
+                    if voiding is not None:
+                        self._switch_to_voiding(joined, voiding, state)
+                        continue
+                result = self._judge(joined, decision, state)
                 if result is not None:
                     ctx.log.debug(
                         "%s round %s decided; seen at %.1f ms",
@@ -253,7 +264,11 @@ class Follower:
                 if gen == rid.encode():
                     joined.gen_seen = True
                 elif gen is None and joined.gen_seen:
-                    return self._ended_without_decision(joined, state)
+                    voiding = self._voiding_announcement(view, rid)
+                    if voiding is None:
+                        return self._ended_without_decision(joined, state)
+                    self._switch_to_voiding(joined, voiding, state)
+                    continue
                 # While the generation names this round no newer one was announced: the
                 # announcement is only read when it does not.
                 cur = None
@@ -272,6 +287,9 @@ class Follower:
                         )
                         joined.join(cur, fresh=True)
                         self._write_state(joined, state)
+                        continue
+                    if rid in cur.void:
+                        self._switch_to_voiding(joined, cur, state)
                         continue
                     if cur.counter > ann.counter:
                         raise AggregationError(
@@ -442,6 +460,31 @@ class Follower:
                 f"{what} for every lane) merged from {ctx.where} differs from this rank's own lanes"
             )
         return merged
+
+    def _voiding_announcement(self, view: ControlView, rid: str) -> Announcement | None:
+        """A newer announcement that names ``rid`` void (its leader never saw its
+        announcement go through, so the store applied it late: see
+        :attr:`Announcement.void`), waited for up to :data:`VOID_WAIT_S`; else None. The
+        late write can reach the store with the leader's late attempts to end the round,
+        just before the leader's next announcement."""
+        until = time.monotonic() + VOID_WAIT_S
+        while True:
+            cur, _ = self._read_announcement(view.get(self.ctx.keys.round))
+            if cur is not None and cur.round_id != rid and rid in cur.void:
+                return cur
+            if time.monotonic() >= until or not view.sleep():
+                return None
+
+    def _switch_to_voiding(self, joined: _Joined, cur: Announcement, state: dict[str, Any]) -> None:
+        ctx = self.ctx
+        ctx.log.info(
+            "%s round %s was never live (its leader's announcement of it failed); joining round %s",
+            ctx.p,
+            joined.ann.round_id,
+            cur.round_id,
+        )
+        joined.join(cur, fresh=True)
+        self._write_state(joined, state)
 
     def _ended_without_decision(self, joined: _Joined, state: dict[str, Any]) -> dict[str, Any]:
         """The generation key vanished and no decision came: a rank that could not write

@@ -114,7 +114,11 @@ class Keys:
 
 @dataclass(frozen=True)
 class Announcement:
-    """What ``c.round`` holds: the round id and who it belongs to."""
+    """What ``c.round`` holds: the round id and who it belongs to, and ``void``: this
+    leader's earlier rounds whose announcement it never saw go through (the store timed
+    out or failed it). The store may still apply such a write late, after the leader gave
+    the round up; a follower that joined one of them joined no round of the leader's, and
+    takes this round instead of failing."""
 
     round_id: str
     session: str
@@ -122,6 +126,7 @@ class Announcement:
     world_size: int
     job_id: str
     fingerprint: str
+    void: tuple[str, ...] = ()
 
     def encode(self) -> bytes:
         return encode(
@@ -133,6 +138,7 @@ class Announcement:
             leader_rank=LEADER_RANK,
             job_id=self.job_id,
             fingerprint=self.fingerprint,
+            void=list(self.void),
         )
 
     @classmethod
@@ -149,6 +155,7 @@ class Announcement:
                 int(rec["world_size"]),
                 str(rec["job_id"]),
                 str(rec["fingerprint"]),
+                tuple(str(r) for r in rec.get("void", ())),
             )
         except (KeyError, TypeError, ValueError):
             return None

@@ -34,6 +34,8 @@ from zephon.errors import AggregationError, CheckpointError
 __all__ = ["Leader"]
 
 _RID = re.compile(r"[0-9a-f]{12}-[0-9]{1,12}")  # <session>-<counter>
+#: How many void rounds (see Leader.void) an announcement names.
+_VOID_KEPT = 8
 
 
 class _Decided(AggregationError):
@@ -55,6 +57,9 @@ class Leader:
         self.leftovers: set[str] = set()  # round ids whose states may still be stored
         self.replaced: set[tuple[str, int]] = set()  # earlier runs' rounds this one replaced
         self.announced: str | None = None  # the last round this leader announced
+        #: Rounds whose announcement failed or timed out (the store may apply it late):
+        #: named in the next announcements (see Announcement.void), the last few kept.
+        self.void: list[str] = []
         self.deferred: list[str] = []  # commits to delete with the next announcement
         self.merged_kept: list[str] = []  # state records left for the followers' shares
         self._gen_seen = False  # this round's generation was read back at least once
@@ -69,7 +74,9 @@ class Leader:
         before = ctx.counters()
         self.counter += 1
         rid = f"{self.session}-{self.counter}"
-        ann = Announcement(rid, self.session, self.counter, n, ctx.job_id, ctx.fingerprint)
+        ann = Announcement(
+            rid, self.session, self.counter, n, ctx.job_id, ctx.fingerprint, tuple(self.void)
+        )
         self.failed = None
         ok = False
         try:
@@ -114,16 +121,21 @@ class Leader:
         self.announced = rid  # from here on the keys are this leader's to publish and remove
         self.leftovers.add(rid)
         announce_with = getattr(ctx.store, "announce_with", None)
-        if callable(announce_with):
-            # etcd: the generation, the announcement and the removal of commits that no rank
-            # needs any more (see _after_commit) in one request
-            fence = announce_with(
-                keys.gen, rid.encode(), {keys.round: ann.encode()}, delete=self.deferred
-            )
-            self.deferred = []
-        else:
-            fence = ctx.store.announce(keys.gen, rid.encode())
-            ctx.store.put(keys.round, ann.encode())
+        try:
+            if callable(announce_with):
+                # etcd: the generation, the announcement and the removal of commits that no
+                # rank needs any more (see _after_commit) in one request
+                fence = announce_with(
+                    keys.gen, rid.encode(), {keys.round: ann.encode()}, delete=self.deferred
+                )
+                self.deferred = []
+            else:
+                fence = ctx.store.announce(keys.gen, rid.encode())
+                ctx.store.put(keys.round, ann.encode())
+        except BaseException:
+            self.void = [*self.void, rid][-_VOID_KEPT:]
+            self.leftovers.add(rid)  # a follower may still join it late and write there
+            raise
         ctx.log.debug("%s round %s announced (%d ranks, %s)", ctx.p, rid, n, ctx.who())
         states, digests, self._records = self._collect(rid, state, own, deadline, watch)
         t_collect = deadline.elapsed_ms()
@@ -555,7 +567,10 @@ class Leader:
             self.kept.append(keys.decision(rid))
         if isinstance(error, _Decided):
             return  # the decision is there already
-        ctx.abort(rid, message)
+        if rid in self.void:  # see Announcement.void: the notice may land late, like it
+            ctx.abort(rid, message, void=True)
+        else:
+            ctx.abort(rid, message)
         if ctx.probe() is not None and self.lease is not None:
             # The store refuses writes: followers that have not seen this round learn it
             # from the leader's liveness key vanishing (deletes still work) and a probe.
