@@ -175,11 +175,9 @@ def measure(
 
 def _etcd_rows(rounds: int, threads: bool) -> list[dict[str, Any]]:
     """The same rounds over a real etcd on 127.0.0.1 (the test suite's fixture module)."""
-    import pathlib
 
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
     try:
-        from etcd_server import find_etcd_binary, start_etcd
+        from tests.etcd_server import find_etcd_binary, start_etcd
     except ImportError:
         print(
             "etcd rows skipped: run from a source checkout (tests/etcd_server.py)", file=sys.stderr

@@ -39,7 +39,6 @@ import tempfile
 import threading
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 WARMUP_ROUNDS = 1
@@ -292,9 +291,8 @@ def measure(
 
 
 def _etcd(fsync: bool = True, extra: tuple[str, ...] = ()) -> Any:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     try:
-        from etcd_server import find_etcd_binary, start_etcd
+        from tests.etcd_server import find_etcd_binary, start_etcd
     except ImportError:
         return None
     binary = find_etcd_binary()

@@ -19,6 +19,9 @@
  * bin is empty after the piece. evict[k] is -1 and target[k] 0.
  * The GIL is released while it runs.
  *
+ * assemble_into(parts, out, pad, seg, pos) -> total: one packed row (Pack._assemble):
+ * the parts copied in order, pad after them, each token's piece number and position.
+ *
  * What a bin holds from one emptying to the next is an instance, numbered s * num_bins + b
  * for the s-th filling of bin b in this call (s = 0: what it held when the call began).
  * instance[k] (int64) is the one piece k goes to (its first tokens, when it is cut; the
@@ -30,6 +33,7 @@
 #include <Python.h>
 
 #include <stdint.h>
+#include <string.h>
 
 enum { FIRST_FIT = 0, BEST_FIT = 1, CONCAT_THEN_SPLIT = 2 };
 
@@ -239,8 +243,115 @@ done:
     return result;
 }
 
+
+PyDoc_STRVAR(assemble_into_doc,
+             "assemble_into(parts, out, pad, seg, pos, /) -> total\n\n"
+             "One packed row (Pack._assemble in zephon/operators/pack.py is the same in numpy):\n"
+             "copies the 1-D contiguous arrays in the list parts, in order, into the 1-D\n"
+             "contiguous writable array out (every part of out's item size; the caller checks\n"
+             "their dtypes) and fills the rest of out with pad (the bytes of one item). seg and\n"
+             "pos, int32 arrays as long as out or None, get each token's piece number (1, 2, ...;\n"
+             "an empty piece takes none) and position within its piece, 0 after the pieces.\n"
+             "Returns the number of tokens copied.");
+
+static PyObject *py_assemble_into(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *parts, *out_obj, *seg_obj, *pos_obj;
+    Py_buffer pad;
+    if (!PyArg_ParseTuple(args, "O!Oy*OO:assemble_into", &PyList_Type, &parts, &out_obj, &pad,
+                          &seg_obj, &pos_obj)) {
+        return NULL;
+    }
+    PyObject *result = NULL;
+    Py_buffer out = {0}, seg = {0}, pos = {0};
+    int have_seg = 0, have_pos = 0;
+    if (PyObject_GetBuffer(out_obj, &out, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+        goto done;
+    }
+    Py_ssize_t item = out.itemsize, cap = out.len / (item > 0 ? item : 1);
+    if (item <= 0 || out.ndim != 1 || pad.len != item) {
+        PyErr_SetString(PyExc_ValueError, "out must be 1-D and pad one item of it");
+        goto done;
+    }
+    if (seg_obj != Py_None) {
+        if (PyObject_GetBuffer(seg_obj, &seg, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+            goto done;
+        }
+        have_seg = 1;
+        if (seg.itemsize != 4 || seg.len != cap * 4) {
+            PyErr_SetString(PyExc_ValueError, "seg must be int32 and as long as out");
+            goto done;
+        }
+    }
+    if (pos_obj != Py_None) {
+        if (PyObject_GetBuffer(pos_obj, &pos, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+            goto done;
+        }
+        have_pos = 1;
+        if (pos.itemsize != 4 || pos.len != cap * 4) {
+            PyErr_SetString(PyExc_ValueError, "pos must be int32 and as long as out");
+            goto done;
+        }
+    }
+    char *dst = out.buf;
+    int32_t *segs = have_seg ? seg.buf : NULL, *poss = have_pos ? pos.buf : NULL;
+    Py_ssize_t total = 0, n = PyList_GET_SIZE(parts);
+    int32_t id = 0;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        Py_buffer part;
+        if (PyObject_GetBuffer(PyList_GET_ITEM(parts, k), &part, PyBUF_C_CONTIGUOUS) < 0) {
+            goto done;
+        }
+        Py_ssize_t m = part.len / item;
+        if (part.itemsize != item || part.ndim != 1 || total + m > cap) {
+            PyBuffer_Release(&part);
+            PyErr_Format(PyExc_ValueError,
+                         "part %zd (item size %zd, %zd items) does not fit a row of %zd items "
+                         "of size %zd after %zd",
+                         k, part.itemsize, m, cap, item, total);
+            goto done;
+        }
+        memcpy(dst + total * item, part.buf, (size_t)part.len);
+        PyBuffer_Release(&part);
+        if (m > 0) {
+            id++;
+            for (Py_ssize_t i = 0; i < m; i++) {
+                if (segs) {
+                    segs[total + i] = id;
+                }
+                if (poss) {
+                    poss[total + i] = (int32_t)i;
+                }
+            }
+        }
+        total += m;
+    }
+    for (Py_ssize_t i = total; i < cap; i++) {
+        memcpy(dst + i * item, pad.buf, (size_t)item);
+    }
+    if (segs) {
+        memset(segs + total, 0, (size_t)(cap - total) * 4);
+    }
+    if (poss) {
+        memset(poss + total, 0, (size_t)(cap - total) * 4);
+    }
+    result = PyLong_FromSsize_t(total);
+done:
+    PyBuffer_Release(&pad);
+    if (out.obj) {
+        PyBuffer_Release(&out);
+    }
+    if (have_seg) {
+        PyBuffer_Release(&seg);
+    }
+    if (have_pos) {
+        PyBuffer_Release(&pos);
+    }
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"place_into", py_place_into, METH_VARARGS, place_into_doc},
+    {"assemble_into", py_assemble_into, METH_VARARGS, assemble_into_doc},
     {NULL, NULL, 0, NULL},
 };
 

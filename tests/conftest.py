@@ -13,10 +13,15 @@ are deselected rather than skipped.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
 CI = os.environ.get("CI", "").lower() == "true"
+ROOT = Path(__file__).resolve().parents[1]
+# The tests are the package ``tests`` (pytest puts the checkout on sys.path); the processes
+# they start (rank scripts, fault parents, benchmark children) import the same helpers.
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
 PURE_PYTHON = os.environ.get("ZEPHON_PURE_PYTHON") == "1"
 
 

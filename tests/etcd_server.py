@@ -16,10 +16,9 @@ Where the binary comes from, first match wins:
 When none exists the caller's test is skipped, or fails when ``CI=true`` (CI installs the
 ``test`` extra, so a missing etcd there is a broken environment, not an optional feature).
 
-Usage from a test file (tests/integration/conftest.py is not ours to extend)::
+Usage from a test file::
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from etcd_server import etcd_server
+    from tests.etcd_server import etcd_server
 
     @pytest.fixture(scope="module")
     def etcd():

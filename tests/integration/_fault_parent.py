@@ -28,9 +28,9 @@ import time
 from typing import Any
 
 import numpy as np
-from corpus import lm_pipeline
 
 import zephon as zp
+from tests.integration.corpus import lm_pipeline
 
 PREEMPTED_SEED = 7
 EXTRA_AFTER_FLAG = 3

@@ -11,9 +11,9 @@ import sys
 
 import numpy as np
 import pytest
-from _jax_common import digest, require
-from corpus import lm_pipeline
 
+from tests.integration._jax_common import digest, require
+from tests.integration.corpus import lm_pipeline
 from zephon.checkpoint import dumps, loads
 
 require("jax", "orbax.checkpoint")

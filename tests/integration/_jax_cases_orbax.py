@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _jax_common import digest, require
-from corpus import lm_pipeline
 
+from tests.integration._jax_common import digest, require
+from tests.integration.corpus import lm_pipeline
 from zephon.checkpoint import dumps, loads
 from zephon.checkpoint.io import MAGIC
 from zephon.checkpoint.state import merge_states

@@ -22,17 +22,16 @@ import argparse
 import json
 import os
 import signal
-import sys
 from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-sys.path.insert(0, str(Path(__file__).parent))
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from _jax_common import digest  # noqa: E402
-from corpus import lm_pipeline  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from tests.integration._jax_common import digest
+from tests.integration.corpus import lm_pipeline
 
 LANES = 4
 

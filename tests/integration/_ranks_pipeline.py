@@ -14,16 +14,13 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).parent))
-from corpus import lm_pipeline  # noqa: E402
-
-import zephon as zp  # noqa: E402
+import zephon as zp
+from tests.integration.corpus import lm_pipeline
 
 
 def main() -> None:

@@ -18,21 +18,19 @@ from __future__ import annotations
 import os
 import sys
 import time
-from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-sys.path.insert(0, str(Path(__file__).parent))
 
-import jax  # noqa: E402
-from _store_contract import (  # noqa: E402
+import jax
+
+from tests.integration._store_contract import (
     check_large_values,
     check_plain_keep_alive,
     check_protocol,
     check_put_get_delete,
 )
-
-from zephon.checkpoint.stores.jax_store import JaxStore  # noqa: E402
-from zephon.errors import AggregationError  # noqa: E402
+from zephon.checkpoint.stores.jax_store import JaxStore
+from zephon.errors import AggregationError
 
 
 def main() -> None:

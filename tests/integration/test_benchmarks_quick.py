@@ -13,14 +13,11 @@ from __future__ import annotations
 
 import importlib
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 SCRIPTS = [
     "lm_throughput",

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import msgpack
 import pytest
-from corpus import lm_pipeline
 
+from tests.integration.corpus import lm_pipeline
 from zephon.testing import assert_same_batches, roundtrip, take
 
 K = 4

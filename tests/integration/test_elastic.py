@@ -7,8 +7,8 @@ import hashlib
 
 import numpy as np
 import pytest
-from corpus import PACK_OPTIONS, lm_pipeline
 
+from tests.integration.corpus import PACK_OPTIONS, lm_pipeline
 from zephon.checkpoint.state import merge_states
 from zephon.testing import assert_same_batches, roundtrip, take
 

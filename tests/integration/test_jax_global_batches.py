@@ -5,7 +5,8 @@ process, with 1 and with 4 CPU devices (see _jax_common.py for why not in this o
 from __future__ import annotations
 
 import pytest
-from _jax_common import require, run_cases
+
+from tests.integration._jax_common import require, run_cases
 
 require("jax", "orbax.checkpoint")
 

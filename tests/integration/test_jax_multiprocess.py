@@ -17,7 +17,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from _jax_common import require
+
+from tests.integration._jax_common import require
 
 require("jax", "orbax.checkpoint")
 

@@ -6,7 +6,8 @@ test_jax_multiprocess.py."""
 from __future__ import annotations
 
 import pytest
-from _jax_common import require, run_cases
+
+from tests.integration._jax_common import require, run_cases
 
 require("jax", "orbax.checkpoint")
 

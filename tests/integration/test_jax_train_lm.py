@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from _jax_common import JAX_STACK, require
+
+from tests.integration._jax_common import JAX_STACK, require
 
 require(*JAX_STACK)
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from corpus import docs
 
 import zephon as zp
+from tests.integration.corpus import docs
 from zephon.checkpoint.state import merge_states
 from zephon.testing import assert_same_batches, roundtrip, take
 

@@ -11,12 +11,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from corpus import lm_pipeline
 
 import zephon as zp
-
-sys.path.insert(0, str(Path(__file__).parents[1]))
-from etcd_server import etcd_server  # noqa: E402
+from tests.etcd_server import etcd_server
+from tests.integration.corpus import lm_pipeline
 
 SCRIPT = Path(__file__).parent / "_ranks_pipeline.py"
 pytestmark = pytest.mark.processes

@@ -5,9 +5,9 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from corpus import lm_pipeline
 
 import zephon as zp
+from tests.integration.corpus import lm_pipeline
 from zephon.testing import assert_resumes_exactly, assert_resumes_through_breaks, take
 
 

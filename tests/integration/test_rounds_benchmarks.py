@@ -7,16 +7,13 @@ are in the README)."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.etcd_server import _missing, find_etcd_binary, require_etcd3gw
+
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
-from etcd_server import _missing, find_etcd_binary, require_etcd3gw  # noqa: E402
 
 pytestmark = [pytest.mark.etcd, pytest.mark.processes]
 

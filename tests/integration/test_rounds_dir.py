@@ -11,7 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-from _rounds_rank import fake_state, lanes_of, merge, share_of
+
+from tests.integration._rounds_rank import fake_state, lanes_of, merge, share_of
 
 SCRIPT = Path(__file__).with_name("_rounds_rank.py")
 pytestmark = pytest.mark.processes

@@ -7,18 +7,14 @@ from __future__ import annotations
 
 import base64
 import os
-import sys
 import threading
 import uuid
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from etcd_server import etcd_server  # noqa: E402
-
-from zephon.errors import AggregationError  # noqa: E402
+from tests.etcd_server import etcd_server
+from zephon.errors import AggregationError
 
 pytestmark = pytest.mark.etcd
 

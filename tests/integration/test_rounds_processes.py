@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from etcd_server import etcd_server  # noqa: E402
+from tests.etcd_server import etcd_server
 
 pytestmark = pytest.mark.processes
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -22,8 +21,6 @@ from zephon.sources import _fs
 from zephon.testing import assert_resumes_exactly, take
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 BUCKET = "zephon-data"
 FILES = 5

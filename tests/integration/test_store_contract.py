@@ -15,18 +15,16 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from _store_contract import (
+
+from tests.etcd_server import etcd_server, free_port
+from tests.integration._store_contract import (
     check_large_values,
     check_plain_keep_alive,
     check_protocol,
     check_put_get_delete,
 )
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from etcd_server import etcd_server, free_port  # noqa: E402
-
-from zephon.checkpoint.stores.base import StaleRoundError  # noqa: E402
-from zephon.errors import AggregationError  # noqa: E402
+from zephon.checkpoint.stores.base import StaleRoundError
+from zephon.errors import AggregationError
 
 HERE = Path(__file__).parent
 

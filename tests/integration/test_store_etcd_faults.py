@@ -4,17 +4,13 @@ be an AggregationError naming the endpoint, within the request timeout — never
 
 from __future__ import annotations
 
-import sys
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from etcd_server import etcd_server, free_port, require_etcd3gw  # noqa: E402
-
-from zephon.errors import AggregationError  # noqa: E402
+from tests.etcd_server import etcd_server, free_port, require_etcd3gw
+from zephon.errors import AggregationError
 
 pytestmark = pytest.mark.etcd
 

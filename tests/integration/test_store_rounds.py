@@ -14,10 +14,8 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from etcd_server import etcd_server  # noqa: E402
-
-from zephon.errors import AggregationError  # noqa: E402
+from tests.etcd_server import etcd_server
+from zephon.errors import AggregationError
 
 pytestmark = [pytest.mark.etcd, pytest.mark.processes]
 
@@ -68,7 +66,7 @@ def _run_ranks(url: str, rounds: int, mode: str = "normal", timeout_s: float = 6
 
 
 def test_rounds_over_etcd_with_four_rank_processes(etcd):
-    from _store_rounds_rank import expected_result, without_share
+    from tests.integration._store_rounds_rank import expected_result, without_share
 
     rounds = 3
     results = _run_ranks(etcd.url, rounds)
@@ -99,8 +97,13 @@ def test_stalled_etcd_fails_the_round_with_its_endpoint_then_the_next_round_work
     """Ranks as threads of this process (each with its own store): etcd is SIGSTOPped
     during a round, every rank fails within its budget naming the endpoint, and after
     SIGCONT the same Aggregators complete a round."""
-    from _store_rounds_rank import expected_result, lanes_of, merge, state_of, without_share
-
+    from tests.integration._store_rounds_rank import (
+        expected_result,
+        lanes_of,
+        merge,
+        state_of,
+        without_share,
+    )
     from zephon.checkpoint.aggregate import Aggregator
     from zephon.checkpoint.stores.etcd import EtcdStore
 

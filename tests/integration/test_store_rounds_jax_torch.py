@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parents[1]))
-from etcd_server import free_port  # noqa: E402
+from tests.etcd_server import free_port
 
 RANK = Path(__file__).parent / "_store_rounds_rank.py"
 pytestmark = pytest.mark.processes
@@ -77,7 +76,7 @@ def _run_once(url: str, world: int, env_for) -> tuple[list[subprocess.Popen], li
 
 def check_identical_merged(results: list[list[dict]], world: int) -> None:
     """The leader got the merged state, every follower its share of it."""
-    from _store_rounds_rank import expected_result, without_share
+    from tests.integration._store_rounds_rank import expected_result, without_share
 
     for round_no in range(3):
         got = [next(r["merged"] for r in rank if r.get("round") == round_no) for rank in results]

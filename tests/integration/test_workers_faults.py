@@ -26,9 +26,9 @@ import multiprocess
 import multiprocess.resource_tracker
 import numpy as np
 import pytest
-from corpus import lm_pipeline
 
 import zephon as zp
+from tests.integration.corpus import lm_pipeline
 from zephon.runners.processes import AUTO_FIRST_SLOT_BYTES
 
 pytestmark = pytest.mark.processes
@@ -448,7 +448,7 @@ def test_a_training_loop_preempted_by_sigterm_saves_a_checkpoint_that_resumes_ex
     # checkpoint() itself. Clusters signal the whole process group (Slurm) or the main
     # process (Kubernetes): workers ignore SIGTERM, so a loop that only sets a flag in its
     # handler can still read batches before it saves.
-    from _fault_parent import EXTRA_AFTER_FLAG, digest, preempted_pipeline
+    from tests.integration._fault_parent import EXTRA_AFTER_FLAG, digest, preempted_pipeline
 
     stop_at = random.randrange(2, 12)
     path = tmp_path / "loader.zph"

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from corpus import PACK_OPTIONS, lm_pipeline
 
+from tests.integration.corpus import PACK_OPTIONS, lm_pipeline
 from zephon.testing import assert_resumes_exactly, assert_same_batches, take
 
 pytestmark = pytest.mark.processes

@@ -4,7 +4,8 @@ the counts an in-process run of the same pipeline reports."""
 from __future__ import annotations
 
 import pytest
-from corpus import lm_pipeline
+
+from tests.integration.corpus import lm_pipeline
 
 pytestmark = pytest.mark.processes
 

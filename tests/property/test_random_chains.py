@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import zephon as zp
+from tests.integration.corpus import docs
 from zephon.testing import assert_resumes_exactly, take
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "integration"))
-from corpus import docs  # noqa: E402
 
 SEQ = 32
 

@@ -8,20 +8,13 @@ from __future__ import annotations
 import collections
 import io
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import zephon as zp
-
-_ROOT = Path(__file__).resolve().parents[2]
-if str(_ROOT) not in sys.path:
-    sys.path.insert(0, str(_ROOT))
-
-from benchmarks import common  # noqa: E402
-from benchmarks.workload import (  # noqa: E402
+from benchmarks import common
+from benchmarks.workload import (
     BATCH_SIZE,
     NUM_BINS,
     SEQ_LEN,

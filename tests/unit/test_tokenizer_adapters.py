@@ -17,9 +17,9 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-import zephon as zp  # noqa: E402
-from zephon.testing import assert_resumes_exactly  # noqa: E402
-from zephon.tokenizer_adapters import HFTokenizer, SentencePieceTokenizer  # noqa: E402
+import zephon as zp
+from zephon.testing import assert_resumes_exactly
+from zephon.tokenizer_adapters import HFTokenizer, SentencePieceTokenizer
 
 CORPUS = [
     f"the {a} {b} fox number {i} jumps over the lazy dog"

@@ -14,7 +14,8 @@ import time
 from typing import Any
 
 import pytest
-from test_aggregate_round import (
+
+from tests.unit.checkpoint.test_aggregate_round import (
     JOB,
     KEYS,
     check_results,
@@ -25,7 +26,6 @@ from test_aggregate_round import (
     merge,
     run_ranks,
 )
-
 from zephon.checkpoint.aggregate import Aggregator
 from zephon.checkpoint.rounds.keys import STATE, Announcement, decode, encode
 from zephon.checkpoint.stores import DirectoryStore
@@ -37,7 +37,7 @@ FP_EVAL = "b" * 64
 
 @pytest.fixture
 def local(tmp_path):
-    from test_aggregate_round import Roots
+    from tests.unit.checkpoint.test_aggregate_round import Roots
 
     return Roots("local", tmp_path)
 

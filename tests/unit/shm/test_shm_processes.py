@@ -14,12 +14,11 @@ import numpy as np
 import pytest
 
 import zephon.shm
+from tests.unit.shm._shm_ring_child import expected_arrays, expected_meta, produce_from_pipe
 from zephon.shm import RingClosedError, ShmRing, send_fds
 
 HERE = Path(__file__).resolve().parent
 REPO = Path(zephon.shm.__file__).resolve().parents[2]
-sys.path.insert(0, str(HERE))
-from _shm_ring_child import expected_arrays, expected_meta, produce_from_pipe  # noqa: E402
 
 pytestmark = pytest.mark.processes
 
