@@ -578,7 +578,8 @@ class Pipeline:
     def fingerprint_parts(self) -> dict[str, str]:
         """The fingerprint part by part (``"op.3.seq_len" -> "2048"``, ``"component.0.
         identity.sample" -> "'9f3a…'"``): what a checkpoint carries so that a mismatch can
-        name what differs."""
+        name what differs. A mixture of more than 64 components keeps its component parts
+        in columns (see :mod:`zephon._fingerprint`)."""
         return dict(self._fingerprints()[1])
 
     def _fingerprints(self) -> tuple[str, dict[str, str], str]:
