@@ -18,7 +18,9 @@ Approaches:
   weight_unit="tokens", lengths=...)``: the weights are token shares; the source deals each
   component's documents so that its tokens track its weight (lengths counted once with the
   pipeline's tokenizer, as ``zephon lengths`` would store them). With and without
-  ``ensure_mixture``.
+  ``ensure_mixture``, and with ``pack(order="arrival")``: the same rows, leaving in the
+  order their first pieces arrived rather than as they fill (first fit keeps short
+  documents waiting in open rows while long ones fill rows at once).
 * ``zephon, weights=targets`` - ``StaticMixtureWorkSource(weights=targets)``: what a user who
   passes token targets as document weights gets. Those weights count *documents* (the
   default ``weight_unit="samples"``), so token shares are skewed toward long documents.
@@ -134,6 +136,7 @@ def zephon_mixture_iter(
     k: int = 4,
     seed: int = 0,
     tokens: bool = False,
+    order: str = "filled",
 ) -> zp.Pipeline:
     kw: dict[str, Any] = {}
     if tokens:
@@ -156,7 +159,7 @@ def zephon_mixture_iter(
         .fetch()
         .tokenize(zp.ByteTokenizer())
         .split(max_len=SEQ_LEN)
-        .pack(seq_len=SEQ_LEN, num_bins=NUM_BINS)
+        .pack(seq_len=SEQ_LEN, num_bins=NUM_BINS, order=order)
     )
     if ensure is not None:
         p = p.ensure_mixture(list(ensure))
@@ -268,6 +271,9 @@ def main(argv: list[str] | None = None) -> int:
     approaches: dict[str, Callable[[], Any]] = {
         "zephon, weight_unit=tokens": lambda: zephon_mixture_iter(
             comps, targets, None, tokens=True, **kw
+        ),
+        "zephon, weight_unit=tokens, pack(order=arrival)": lambda: zephon_mixture_iter(
+            comps, targets, None, tokens=True, order="arrival", **kw
         ),
         "zephon, weight_unit=tokens + ensure_mixture": lambda: zephon_mixture_iter(
             comps, targets, targets, tokens=True, **kw

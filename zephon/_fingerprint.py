@@ -8,6 +8,7 @@ not. We describe a function by where it lives and a hash of its bytecode and con
 from __future__ import annotations
 
 import hashlib
+import json
 import types
 from typing import Any
 
@@ -70,8 +71,23 @@ def describe_callable(fn: Any) -> str:
 # ``identity.<key>``), ``ops`` and ``op.<i>`` (the operator's name) and
 # ``op.<i>.<parameter>``. A text longer than ``PART_TEXT_CHARS`` is stored as its start,
 # ``…#`` and 16 hex digits of its sha256, so the map stays small whatever the values.
+#
+# A mixture of more than ``COLUMNS_ABOVE`` components keeps its component parts as columns,
+# one part per property holding a JSON list of every component's text
+# (``component.name``, ``component.length``, ``component.weight``), and each component's
+# content identity as one 8-hex-digit digest of its ``identity.<key>`` texts
+# (``component.identity.digest``): the keys cost more than the values otherwise, and the
+# identities' own digests are what does not compress. The overall fingerprint still
+# covers every identity in full; the map only has to say which component differs, and in
+# what (:func:`expand_parts` gives it back as ``component.<c>.identity.digest``). Names,
+# lengths and weights are kept whole: restoring into an edited mixture matches components
+# by name and tells a reweighted one from one whose data changed.
 
 PART_TEXT_CHARS = 48
+#: More components than this: their parts are stored as columns (see above).
+COLUMNS_ABOVE = 64
+#: Hex digits of a component's identity digest in a columnar part map (4 bytes).
+IDENTITY_DIGEST_HEX = 8
 _KEPT_CHARS = PART_TEXT_CHARS - 18
 _PER_COMPONENT = {
     "names": "name",
@@ -152,17 +168,21 @@ def fingerprint_parts(
         names = source_config.get("names")
         if isinstance(names, list):
             parts["components"] = str(len(names))
+        columns = isinstance(names, list) and len(names) > COLUMNS_ABOVE
         for key, value in source_config.items():
             prop = _PER_COMPONENT.get(key)
             if prop is None or not isinstance(value, list):
                 parts[f"source.{key}"] = short_text(repr(value))
                 continue
-            for c, item in enumerate(value):
-                if isinstance(item, dict):
-                    for k, v in item.items():
-                        parts[f"component.{c}.{prop}.{k}"] = short_text(repr(v))
-                else:
-                    parts[f"component.{c}.{prop}"] = short_text(repr(item))
+            texts = [_item_texts(prop, item) for item in value]
+            if not columns:
+                for c, item_texts in enumerate(texts):
+                    for k, text in item_texts.items():
+                        parts[f"component.{c}.{k}"] = text
+            elif prop == "identity" or any(len(t) != 1 or prop not in t for t in texts):
+                parts[f"component.{prop}.digest"] = "".join(_digest_hex(t) for t in texts)
+            else:
+                parts[f"component.{prop}"] = json.dumps([t[prop] for t in texts])
     else:
         parts["source"] = short_text(str(source_config))
     parts["ops"] = str(len(ops))
@@ -171,6 +191,104 @@ def fingerprint_parts(
         for key, text in op.fingerprint_parts().items():
             parts[f"op.{i}.{key}"] = short_text(str(text))
     return parts
+
+
+def _item_texts(prop: str, item: Any) -> dict[str, str]:
+    """One component's parts of ``prop`` (without the ``component.<c>.`` prefix)."""
+    if isinstance(item, dict):
+        return {f"{prop}.{k}": short_text(repr(v)) for k, v in item.items()}
+    return {prop: short_text(repr(item))}
+
+
+def _digest_hex(texts: dict[str, str]) -> str:
+    """The digest that stands for one component's parts ``texts`` in a column."""
+    joined = "\n".join(f"{k}={texts[k]}" for k in sorted(texts))
+    h = hashlib.sha256(joined.encode("utf-8", "surrogatepass")).hexdigest()
+    return h[:IDENTITY_DIGEST_HEX]
+
+
+def _column_texts(prop: str, text: str) -> list[str] | None:
+    """The per-component texts of column ``prop``: a digest column is a string of
+    :data:`IDENTITY_DIGEST_HEX` hex digits per component (each text is the digest's
+    repr), any other a JSON list of texts; None for a malformed column."""
+    if prop.endswith(".digest"):
+        n = IDENTITY_DIGEST_HEX
+        if len(text) % n or any(ch not in "0123456789abcdef" for ch in text):
+            return None
+        return [repr(text[i : i + n]) for i in range(0, len(text), n)]
+    try:
+        values = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+        return None
+    return values
+
+
+def _column(key: str) -> str | None:
+    """The property a columnar part holds (``component.name`` -> ``name``), else None."""
+    if not key.startswith("component."):
+        return None
+    prop = key[len("component.") :]
+    return None if not prop or prop.split(".", 1)[0].isdigit() else prop
+
+
+def is_columnar(parts: dict[str, str]) -> bool:
+    """Whether a part map keeps its component parts as columns."""
+    return any(_column(k) is not None for k in parts)
+
+
+def expand_parts(parts: dict[str, str]) -> dict[str, str]:
+    """A part map with its component columns (if any) back as ``component.<c>.<property>``
+    parts, in place of the columns; any other map as it is. A column that is not a JSON
+    list of texts (or of digests) is left as it was (a malformed map: what differs is then
+    named by key)."""
+    if not is_columnar(parts):
+        return parts
+    out: dict[str, str] = {}
+    for key, text in parts.items():
+        prop = _column(key)
+        values = None if prop is None else _column_texts(prop, text)
+        if values is None:
+            out[key] = text
+            continue
+        for c, value in enumerate(values):
+            out[f"component.{c}.{prop}"] = value
+    return out
+
+
+def _digested(parts: dict[str, str]) -> dict[str, str]:
+    """A flat part map with each component's identity parts as the one digest that a
+    columnar map keeps, so that the two compare."""
+    identities: dict[str, dict[str, str]] = {}
+    out: dict[str, str] = {}
+    for key, text in parts.items():
+        head, dot, rest = key.partition(".")
+        c, _, prop = rest.partition(".")
+        if head == "component" and dot and c.isdigit() and prop.split(".", 1)[0] == "identity":
+            if c not in identities:
+                identities[c] = {}
+                out[f"component.{c}.identity.digest"] = ""  # keeps the component's place
+            identities[c][prop] = text
+            continue
+        out[key] = text
+    for c, texts in identities.items():
+        out[f"component.{c}.identity.digest"] = repr(_digest_hex(texts))
+    return out
+
+
+def comparable_parts(
+    saved: dict[str, str], mine: dict[str, str]
+) -> tuple[dict[str, str], dict[str, str]]:
+    """Two part maps in one form, component by component: columns expanded, and a flat
+    map's identities digested when the other map kept only digests."""
+    columns = is_columnar(saved), is_columnar(mine)
+    saved, mine = expand_parts(saved), expand_parts(mine)
+    if columns[0] and not columns[1]:
+        mine = _digested(mine)
+    elif columns[1] and not columns[0]:
+        saved = _digested(saved)
+    return saved, mine
 
 
 def _op_names(parts: dict[str, str]) -> str:
@@ -213,6 +331,7 @@ def describe_differences(
 ) -> list[str]:
     """What differs between a checkpoint's part map and this pipeline's, in words, most
     telling first; ``[]`` when the maps agree. ``theirs`` and ``ours`` name the two sides."""
+    saved, mine = comparable_parts(saved, mine)
     out: list[str] = []
     skip: list[str] = []
     if saved.get("ops") != mine.get("ops"):

@@ -7,6 +7,7 @@ import json
 import os
 from typing import Any
 
+from zephon._fingerprint import expand_parts
 from zephon.checkpoint.io import load, peek_header
 from zephon.work_sources.static_mixture import decode_state
 
@@ -69,6 +70,7 @@ def components(parts: Any) -> list[dict[str, Any]] | None:
     fingerprint parts; None for a checkpoint without them (made before they existed)."""
     if not isinstance(parts, dict):
         return None
+    parts = expand_parts(parts)
     count = parts.get("components")
     n = int(count) if isinstance(count, str) and count.isdigit() else 0
     out = []

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from zephon._fingerprint import describe_differences
+from zephon._fingerprint import describe_differences, expand_parts
 from zephon.checkpoint.share import Share
 from zephon.checkpoint.state import FINGERPRINT_PARTS, check_header, checked_layout
 from zephon.errors import CheckpointError
@@ -146,6 +146,7 @@ def change_mixture(
                 "them back in that order (new datasets may go anywhere)"
             )
     saved_parts = state.get(FINGERPRINT_PARTS) or {}
+    saved_parts = expand_parts(saved_parts) if isinstance(saved_parts, dict) else {}
     k = plan.flush_every_k_chunks
     new_holds: dict[int, list[list[Any]]] = {}
     for lane, ls in mine.items():

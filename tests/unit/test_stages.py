@@ -101,6 +101,7 @@ FUSED_OPTIONS = [
     {"max_segments": 1, "component_feature": "tokens_component"},
     {"bos_id": 1, "bos_handling": "replace_first_token", "pad_values": {"tokens_component": 9},
      "component_feature": "tokens_component"},
+    {"order": "arrival"},
 ]  # fmt: skip
 
 
@@ -116,7 +117,9 @@ def test_fused_stage_gives_the_operators_batches_with_pack_options(pack_kw) -> N
     assert not all(batches_equal(a, b) for a, b in zip(default, fused, strict=False))
 
 
-@pytest.mark.parametrize("pack_kw", FUSED_OPTIONS[1:3], ids=lambda kw: ",".join(kw))
+@pytest.mark.parametrize(
+    "pack_kw", [*FUSED_OPTIONS[1:3], FUSED_OPTIONS[4]], ids=lambda kw: ",".join(kw)
+)
 def test_fused_pipeline_with_pack_options_resumes_exactly(pack_kw) -> None:
     # Restores replay by token counts (tokens made on assembly): the options must agree.
     assert_resumes_exactly(

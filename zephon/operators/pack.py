@@ -13,6 +13,14 @@ fullest bin goes, lowest index on ties); concat-then-split keeps one row and cut
 piece that does not fit, the rest starting the next row. The bins' state depends on all
 history, which is why flush sentinels exist.
 
+Rows leave as they are emptied (``order="filled"``, the default, as Grain's packers do), or
+in the order their first pieces arrived (``order="arrival"``): the same rows, but an emptied
+row waits while a bin holding an older piece is still open. First fit keeps short pieces
+waiting in open bins while long ones fill rows at once, so filled rows leave out of the
+order their pieces came in; in arrival order the token share of each component over a few
+batches follows what the work source dealt. Waiting rows are lane state like the bins
+(rebuilt by replay, never saved) and leave by the next flush at the latest.
+
 A packed record is assembled when its data is first read: one that the replay filter drops
 after a restore never is, and a piece whose arrays are lazy (see
 :class:`~zephon.stages.split_pack.SplitPack`) makes its tokens only then.
@@ -20,6 +28,7 @@ after a restore never is, and a piece whose arrays are lazy (see
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -32,6 +41,8 @@ from zephon.records import Contributor, LazyRecord, Record
 
 #: ``bos_handling`` values (Grain's ``BOSHandling.REPLACE_FIRST_TOKEN_WITH_BOS``).
 REPLACE_FIRST_TOKEN = "replace_first_token"
+#: ``order`` values: rows leave as they are emptied, or in the order of their first pieces.
+ORDERS = ("filled", "arrival")
 _SCALARS = (bool, int, float, np.bool_, np.integer, np.floating)
 
 
@@ -48,14 +59,21 @@ class Piece(NamedTuple):
 
 class Bins:
     """One lane's open bins: their token and piece counts (what placement reads) and the
-    pieces each holds."""
+    pieces each holds; with ``order="arrival"`` also the arrival number of each bin's first
+    piece (-1: empty), the pieces that have arrived since the last flush, and the emptied
+    rows waiting for an older open bin (a heap by their first pieces' arrival numbers,
+    which no two rows share)."""
 
-    __slots__ = ("fill", "segments", "pieces")
+    __slots__ = ("fill", "segments", "pieces", "first", "arrived", "waiting", "waiting_pieces")
 
     def __init__(self, num_bins: int) -> None:
         self.fill = np.zeros(num_bins, dtype=np.int64)
         self.segments = np.zeros(num_bins, dtype=np.int64)
         self.pieces: list[list[Piece]] = [[] for _ in range(num_bins)]
+        self.first = [-1] * num_bins
+        self.arrived = 0
+        self.waiting: list[tuple[int, list[Piece]]] = []
+        self.waiting_pieces = 0
 
 
 class Pack(LaneStateOperator):
@@ -76,6 +94,7 @@ class Pack(LaneStateOperator):
         component_feature: str | None = None,
         bos_id: int | None = None,
         bos_handling: str | None = None,
+        order: str = "filled",
     ) -> None:
         super().__init__()
         if not _is_int(seq_len) or seq_len < 1:
@@ -153,6 +172,13 @@ class Pack(LaneStateOperator):
             )
         self.bos_id = bos_id
         self.bos_handling = bos_handling
+        if order not in ORDERS:
+            raise ValueError(
+                f"pack(order=...) must be one of {', '.join(map(repr, ORDERS))}; got {order!r}"
+            )
+        self.order = order
+        #: Rows are held back for order: with one bin they always leave in arrival order.
+        self._in_order = order == "arrival" and num_bins > 1
         #: What a piece carries, in order: features, meta features, broadcast fields.
         self.columns = (*self.features, *self.meta_features, *self.broadcast)
         outputs = [n for f in self.features for n in (f, f"{f}_segment_ids", f"{f}_positions")]
@@ -313,6 +339,8 @@ class Pack(LaneStateOperator):
                     placed[key] = [p]
                 else:
                     got.append(p)
+        if self._in_order:
+            return self._place_in_order(lane, bins, decided, placed)
         # A bin's first instance (key < num_bins) holds what the bin held when we began.
         out: list[Output] = [
             self._record(lane, held[key] if key < num_bins else [], placed.get(key))
@@ -325,6 +353,50 @@ class Pack(LaneStateOperator):
                 kept = kept + new
             held[b] = kept
         _compact(held)
+        return out
+
+    def _place_in_order(
+        self, lane: int, bins: Bins, decided: Any, placed: dict[int, list[Piece]]
+    ) -> list[Output]:
+        """The rest of :meth:`place` for ``order="arrival"``: the emptied rows join the
+        waiting ones, and those older than every open bin's first piece leave, oldest
+        first."""
+        held, first, num_bins = bins.pieces, bins.first, self.num_bins
+        base = bins.arrived
+        firsts: dict[int, int] = {}  # instance -> arrival number of its first piece
+        for k, key in enumerate(decided.instance.tolist()):
+            if key not in firsts:
+                firsts[key] = base + k
+        bins.arrived = base + len(decided.instance)
+        waiting = bins.waiting
+        pushed = []  # (arrival of its first piece, row) of the rows with pieces of this call
+        for key in decided.emitted.tolist():
+            old = held[key] if key < num_bins else []
+            new = placed.get(key)
+            row = old + new if new else old
+            entry = (first[key] if old else firsts[key], row)
+            heapq.heappush(waiting, entry)
+            bins.waiting_pieces += len(row)
+            if new:
+                pushed.append(entry)
+        for b, filling in enumerate(decided.opened.tolist()):
+            kept = held[b] if filling == 0 else []
+            if not kept:
+                first[b] = -1
+            new = placed.get(filling * num_bins + b)
+            if new:
+                if not kept:
+                    first[b] = firsts[filling * num_bins + b]
+                kept = kept + new
+            held[b] = kept
+        oldest_open = min((f for f in first if f >= 0), default=bins.arrived)
+        out: list[Output] = []
+        while waiting and waiting[0][0] < oldest_open:
+            row = heapq.heappop(waiting)[1]
+            bins.waiting_pieces -= len(row)
+            out.append(self._record(lane, row, None))
+        _compact(held)
+        _compact([row for at, row in pushed if at >= oldest_open])  # those that wait
         return out
 
     def _cut(self, p: Piece, key: int, head: int) -> list[tuple[int, Piece]]:
@@ -424,7 +496,15 @@ class Pack(LaneStateOperator):
         if bins is None:
             return ()
         held = bins.pieces
-        out = [self._record(lane_id, held[b], None) for b in range(self.num_bins) if held[b]]
+        if self._in_order:  # the waiting rows and the open bins, oldest first
+            opened = [(bins.first[b], held[b]) for b in range(self.num_bins) if held[b]]
+            rows = bins.waiting + opened
+            rows.sort(key=_arrival)
+            out = [self._record(lane_id, row, None) for _, row in rows]
+            bins.waiting, bins.waiting_pieces, bins.arrived = [], 0, 0
+            bins.first[:] = [-1] * self.num_bins
+        else:
+            out = [self._record(lane_id, held[b], None) for b in range(self.num_bins) if held[b]]
         for b in range(self.num_bins):
             held[b] = []
         bins.fill[:] = 0
@@ -435,7 +515,7 @@ class Pack(LaneStateOperator):
 
     def pending(self, lane_id: int) -> int:
         bins = self._lanes.get(lane_id)
-        return 0 if bins is None else sum(len(p) for p in bins.pieces)
+        return 0 if bins is None else sum(len(p) for p in bins.pieces) + bins.waiting_pieces
 
     def __repr__(self) -> str:
         # Only what differs from the defaults: pipelines built before these options existed
@@ -456,6 +536,8 @@ class Pack(LaneStateOperator):
             extra += f", component_feature={self.component_feature!r}"
         if self.bos_handling is not None:
             extra += f", bos_id={self.bos_id!r}, bos_handling={self.bos_handling!r}"
+        if self.order != "filled":
+            extra += f", order={self.order!r}"
         return (
             f"Pack(seq_len={self.seq_len}, num_bins={self.num_bins}, "
             f"features={list(self.features)}{extra})"
@@ -470,6 +552,10 @@ def _names(what: str, names: Any) -> tuple[str, ...]:
     if isinstance(names, str) or not all(isinstance(n, str) and n for n in names):
         raise ValueError(f"pack({what}=...) must be a list of feature names; got {names!r}")
     return tuple(names)
+
+
+def _arrival(row: tuple[int, list[Piece]]) -> int:
+    return row[0]
 
 
 def _component(p: Piece) -> int:

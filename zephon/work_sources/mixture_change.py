@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from zephon._fingerprint import comparable_parts
 from zephon.errors import CheckpointError
 
 __all__ = ["MIXTURE_SOURCE_KEYS", "MixtureChange", "is_mixture_part", "plan_change"]
@@ -143,6 +144,7 @@ def plan_change(
     Raises:
         CheckpointError: the checkpoint's parts do not name its components.
     """
+    saved, mine = comparable_parts(dict(saved), dict(mine))
     old, new = _components(saved), _components(mine)
     old_names = [_value(p.get("name")) for p in old]
     new_names = [_value(p.get("name")) for p in new]

@@ -52,6 +52,79 @@ def test_max_segments_ends_a_row_at_that_many_segments() -> None:
     assert rows[0].data["tokens_segment_ids"].tolist() == [1, 2] + [0] * 8
 
 
+# ----------------------------------------------------------------- order
+def test_arrival_order_holds_an_emptied_row_while_an_older_one_is_open() -> None:
+    filled, arrival = Pack(10, 2), Pack(10, 2, order="arrival")
+    # 6 -> bin0; 8 -> bin1; 5 fits nowhere: bin1 (8) is emptied, and 5 goes there. Filled
+    # order lets [1] leave at once; arrival order keeps it behind bin0's older 6 ...
+    assert [_offsets(r) for r in filled.process_batch([_rec(6, 0), _rec(8, 1), _rec(5, 2)])] == [
+        [(1, 0, True)]
+    ]
+    assert arrival.process_batch([_rec(6, 0), _rec(8, 1), _rec(5, 2)]) == []
+    assert arrival.pending(0) == 3
+    # ... until a 4 fills bin0: both leave, oldest first.
+    assert [_offsets(r) for r in arrival.process(_rec(4, 3))] == [
+        [(0, 0, True), (3, 0, True)],
+        [(1, 0, True)],
+    ]
+    assert arrival.pending(0) == 1
+    assert [_offsets(r) for r in arrival.flush(True, 0)] == [[(2, 0, True)]]
+    assert arrival.pending(0) == 0
+
+
+def test_arrival_order_flushes_waiting_rows_and_open_bins_oldest_first() -> None:
+    # 6 -> bin0; 8 -> bin1; 5 fits nowhere: bin1 is emptied and takes the 5. Filled order
+    # emits [1] then, and flushes bins 0 and 1; arrival order keeps [1] until the flush.
+    filled, arrival = Pack(10, 2), Pack(10, 2, order="arrival")
+    records = [_rec(6, 0), _rec(8, 1), _rec(5, 2)]
+    assert [[o for o, _, _ in _offsets(r)] for r in filled.process_batch(records)] == [[1]]
+    assert [[o for o, _, _ in _offsets(r)] for r in filled.flush(True, 0)] == [[0], [2]]
+    assert arrival.process_batch(records) == []
+    out = list(arrival.flush(True, 0))
+    assert [[o for o, _, _ in _offsets(r)] for r in out] == [[0], [1], [2]]
+    assert [int((r.data["tokens_segment_ids"] > 0).sum()) for r in out] == [6, 8, 5]
+    assert arrival.pending(0) == 0 and not arrival._lanes  # reset: as at construction
+
+
+@pytest.mark.parametrize("strategy", ["first_fit", "best_fit"])
+@pytest.mark.parametrize("seed", range(4))
+def test_arrival_order_gives_the_same_rows_ordered_by_their_first_pieces(strategy, seed) -> None:
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(0, 33, size=1000).tolist()  # empty pieces included
+    filled = Pack(32, 5, strategy=strategy, max_segments=[None, 2, 3][int(rng.integers(0, 3))])
+    arrival = Pack(32, 5, strategy=strategy, max_segments=filled.max_segments, order="arrival")
+    calls = rng.integers(1, 21, size=len(lengths)).tolist()  # pieces per call
+    flushes = (rng.random(len(lengths)) < 0.1).tolist()  # a flush after the call
+    rows = {}
+    for op in (filled, arrival):
+        out = []
+        i = 0
+        for n, flush in zip(calls, flushes, strict=True):
+            if i >= len(lengths):
+                break
+            out += op.process_batch([_rec(m, i + k) for k, m in enumerate(lengths[i : i + n])])
+            i += n
+            pending = op.pending(0)
+            assert pending == sum(len(b) for b in op.bins(0).pieces) + op.bins(0).waiting_pieces
+            if flush:
+                out += [*op.flush(False, 0), None]  # None ends an epoch
+        out += [*op.flush(True, 0)]
+        rows[op.order] = out
+    epochs: dict[str, list[list[list[int]]]] = {}
+    for order, out in rows.items():  # each row's offsets, per epoch (between flushes)
+        epochs[order] = [[]]
+        for r in out:
+            if r is None:
+                epochs[order].append([])
+            else:
+                epochs[order][-1].append([o for o, _, _ in _offsets(r)])
+    assert len(epochs["arrival"]) == len(epochs["filled"]) > 5
+    for got, want in zip(epochs["arrival"], epochs["filled"], strict=True):
+        assert got == sorted(want, key=lambda row: row[0])
+    assert any(a != f for a, f in zip(epochs["arrival"], epochs["filled"], strict=True))
+    assert sum(len(r.contributors) for r in rows["arrival"] if r is not None) == len(lengths)
+
+
 def test_best_fit_chooses_the_rows_grains_best_fit_chooses() -> None:
     packing = pytest.importorskip("grain._src.python.dataset.transformations.packing_packed_batch")
     rng = np.random.default_rng(5)
@@ -268,6 +341,7 @@ def test_component_feature_marks_each_token_with_its_component() -> None:
         ({"bos_id": 1}, r"bos_id=1\) needs bos_handling='replace_first_token'"),
         ({"bos_handling": "replace_first_token"}, r"needs bos_id=<int token id>; got bos_id=None"),
         ({"bos_handling": "prepend", "bos_id": 1}, r"bos_handling=\.\.\.\) must be None or"),
+        ({"order": "fifo"}, r"order=\.\.\.\) must be one of 'filled', 'arrival'; got 'fifo'"),
     ],
 )
 def test_bad_arguments_name_the_value_and_the_fix(kwargs, message) -> None:
@@ -289,14 +363,16 @@ def test_defaults_keep_the_old_fingerprint_and_options_show_in_it() -> None:
             component_feature="c",
             bos_id=1,
             bos_handling="replace_first_token",
+            order="arrival",
         )
     )
     assert text == (
         "Pack(seq_len=16, num_bins=1, features=['tokens'], strategy='concat_then_split', "
         "max_segments=4, pad_values={'tokens': -1}, meta_features=['m'], "
         "broadcast={'w': 'float32'}, component_feature='c', bos_id=1, "
-        "bos_handling='replace_first_token')"
+        "bos_handling='replace_first_token', order='arrival')"
     )
+    assert repr(Pack(16, order="filled")) == repr(Pack(16))
 
 
 # ----------------------------------------------------------------- in pipelines
@@ -329,6 +405,7 @@ OPTIONS = {
         "broadcast": ("weight",),
         "max_segments": 2,
     },
+    "fields_arrival": {"strategy": "first_fit", "meta_features": ("mask",), "order": "arrival"},
 }
 
 
@@ -398,3 +475,41 @@ def test_best_fit_with_max_segments_gives_other_rows_than_plain_first_fit() -> N
         b = take(p)
     assert not all(batches_equal(x, y) for x, y in zip(a, b, strict=False))
     assert max(int(s.max()) for x in b for s in x["tokens_segment_ids"]) <= 3  # max_segments
+
+
+def _window_share_error(order: str) -> float:
+    """The largest |token share - weight| over windows of 12 batches (of 8 rows of 256) of
+    one lane of a token-weighted mixture of short, medium and long documents."""
+    rng = np.random.default_rng(0)
+    data = {
+        name: [{"tokens": np.full(n, 7, np.int32)} for n in rng.integers(m // 2, 3 * m // 2, k)]
+        for name, m, k in (("short", 25, 3000), ("medium", 88, 1000), ("long", 250, 400))
+    }
+    src = zp.StaticMixtureWorkSource(
+        {name: zp.ArraySource(docs) for name, docs in data.items()},
+        weights={"short": 0.5, "medium": 0.3, "long": 0.2},
+        seed=0,
+        chunk_size=64,
+        weight_unit="tokens",
+    )
+    pipe = (
+        zp.Pipeline(src, canonical_replicas=1, flush_every_k_chunks=4, prefetch=0)
+        .fetch()
+        .split(max_len=256)
+        .pack(256, 8, component_feature="c", order=order)
+        .batch(8)
+    )
+    with pipe:
+        counts = [
+            np.bincount(b["c"][b["tokens_segment_ids"] > 0], minlength=3) for b in take(pipe, 300)
+        ]
+    csum = np.concatenate([np.zeros((1, 3)), np.cumsum(counts, axis=0)])
+    window = csum[12:] - csum[:-12]
+    return float(np.abs(window / window.sum(axis=1, keepdims=True) - [0.5, 0.3, 0.2]).max())
+
+
+def test_arrival_order_keeps_a_token_mixture_close_to_its_weights_in_every_window() -> None:
+    # First fit lets short documents wait in open rows while long ones fill rows at once;
+    # in arrival order the rows follow the order the work source dealt their documents.
+    filled, arrival = _window_share_error("filled"), _window_share_error("arrival")
+    assert arrival < 0.015 < 0.025 < filled, (arrival, filled)
