@@ -140,7 +140,9 @@ def test_a_dataset_that_cannot_travel_fails_at_the_first_next_naming_it(db) -> N
         next(pipe)
     pipe.close()
     text = str(info.value)
-    assert text.startswith("mixture component 'sql' (<tests.integration.test_workers_datasets.SqliteRows"), text
+    assert text.startswith(
+        "mixture component 'sql' (<tests.integration.test_workers_datasets.SqliteRows"
+    ), text
     assert "cannot pickle 'sqlite3.Connection' object" in text and "__zephon_reopen__" in text
     assert "Traceback" not in text
     assert not multiprocess.active_children()  # it failed before starting any worker

@@ -232,7 +232,9 @@ def test_a_dataset_that_cannot_travel_is_an_error_naming_the_component_and_the_f
     with pytest.raises(zp.TransferError) as info:
         pack_operators([[ds for _, ds in components]], components)
     text = str(info.value)
-    assert text.startswith("mixture component 'sql' (<tests.unit.test_shipping.SqliteSource object"), text
+    assert text.startswith(
+        "mixture component 'sql' (<tests.unit.test_shipping.SqliteSource object"
+    ), text
     assert "TypeError: cannot pickle 'sqlite3.Connection' object" in text
     assert "Give SqliteSource a __zephon_reopen__(self) method returning (factory, args)" in text
     assert "`return SqliteSource, (self.path,)`" in text and "Pipeline(workers=0)" in text

@@ -36,7 +36,7 @@ import numpy as np
 
 from zephon.errors import ContractViolation
 from zephon.operators.base import LaneStateOperator, OpTraits, Output, check_fits
-from zephon.operators.placement import CONCAT_THEN_SPLIT, STRATEGIES, place
+from zephon.operators.placement import _NATIVE, CONCAT_THEN_SPLIT, STRATEGIES, place
 from zephon.records import Contributor, LazyRecord, Record
 
 #: ``bos_handling`` values (Grain's ``BOSHandling.REPLACE_FIRST_TOKEN_WITH_BOS``).
@@ -214,6 +214,7 @@ class Pack(LaneStateOperator):
         self._component_pad = pads.get(component_feature, 0) if component_feature else 0
         self._n_arrays = len(self.features) + len(self.meta_features)
         self._checked: set[tuple[int, np.dtype]] = set()  # (column, dtype) whose pads fit
+        self._pad_items: dict[tuple[int, np.dtype], bytes] = {}  # their bytes, for C
         self._cuts = cuts
         self._max_segments = max_segments or 0
         #: One array column, no cuts: the common case, checked with no call per record.
@@ -451,6 +452,13 @@ class Pack(LaneStateOperator):
         return np.full(self.seq_len, pad, dtype=dtype)
 
     def _assemble(self, pieces: list[Piece]) -> dict[str, np.ndarray]:
+        """A packed row: its features (the pieces one after another, then the pad) and
+        each feature's segment ids and positions; in C where it applies."""
+        fast = self._assemble_native(pieces) if _NATIVE is not None else None
+        return fast if fast is not None else self._assemble_numpy(pieces)
+
+    def _assemble_numpy(self, pieces: list[Piece]) -> dict[str, np.ndarray]:
+        """:meth:`_assemble` in numpy: every case (broadcast fields, BOS, components)."""
         data = {}
         lengths = np.fromiter((p.length for p in pieces), dtype=np.int64, count=len(pieces))
         total = int(lengths.sum())
@@ -490,6 +498,54 @@ class Pack(LaneStateOperator):
             buf[:total] = np.repeat(comps, lengths)
             data[self.component_feature] = buf
         return data
+
+    def _assemble_native(self, pieces: list[Piece]) -> dict[str, np.ndarray] | None:
+        """:meth:`_assemble` with each row made by ``zephon._pack.assemble_into`` (its
+        pieces copied, the pad after them, segment ids and positions in one pass); None
+        where it does not apply: broadcast fields, a BOS id, a component feature, or pieces
+        whose arrays are not 1-D arrays of one dtype."""
+        if self._n_arrays != len(self.columns) or self.bos_id is not None:
+            return None
+        if self.component_feature is not None:
+            return None
+        native = _NATIVE
+        assert native is not None
+        data = {}
+        seq_len, n_features = self.seq_len, len(self.features)
+        seg = pos = None
+        for j, name in enumerate(self.columns):
+            parts = [p.arrays[j] for p in pieces]
+            dtype = parts[0].dtype if parts and type(parts[0]) is np.ndarray else None
+            if dtype is None or not all(
+                type(a) is np.ndarray and a.dtype == dtype and a.ndim == 1 and a.flags.c_contiguous
+                for a in parts
+            ):
+                return None
+            pad = self._pad_item(j, name, dtype)
+            buf = data[name] = np.empty(seq_len, dtype=dtype)
+            if j < n_features and seg is None:
+                seg = np.empty(seq_len, dtype=np.int32)
+                pos = np.empty(seq_len, dtype=np.int32)
+                native.assemble_into(parts, buf, pad, seg, pos)
+                data[name + "_segment_ids"], data[name + "_positions"] = seg, pos
+            else:
+                native.assemble_into(parts, buf, pad, None, None)
+                if j < n_features:
+                    data[name + "_segment_ids"] = seg.copy()  # type: ignore[union-attr]
+                    data[name + "_positions"] = pos.copy()  # type: ignore[union-attr]
+        return data
+
+    def _pad_item(self, column: int, name: str, dtype: np.dtype) -> bytes:
+        """The bytes of one ``dtype`` item of ``column``'s pad value (checked to fit)."""
+        key = (column, dtype)
+        item = self._pad_items.get(key)
+        if item is None:
+            pad = self._pads[column]
+            if key not in self._checked:
+                check_fits(f"pack(pad_values={{{name!r}: {pad!r}}})", name, pad, dtype)
+                self._checked.add(key)
+            item = self._pad_items[key] = np.array(pad, dtype=dtype).tobytes()
+        return item
 
     def flush(self, reset: bool, lane_id: int) -> Iterable[Output]:
         bins = self._lanes.get(lane_id)
