@@ -50,7 +50,7 @@ from zephon.work_sources.mixture_change import (
 )
 
 #: Slots per worker ring when ``ring_slots`` is not given (see benchmarks.ring_depth).
-DEFAULT_RING_SLOTS = 8
+DEFAULT_RING_SLOTS = 16
 #: The pump's depth in process when ``prefetch`` is not given (0 with workers).
 DEFAULT_PREFETCH = 3
 _OUTPUTS = OUTPUTS
@@ -90,10 +90,11 @@ class Pipeline:
             batches are not delivered: the checkpoint cut stays at the last ``next()``.
             ``None`` (the default): 3 in process, 0 with workers, whose rings already hold
             up to ``ring_slots`` finished batches each; there a pump thread only competes
-            with the workers for the cores (two workers on 2 cores: 85-89% of the best
+            with the workers for the cores (two workers on 2 cores: 55-93% of the best
             throughput with a pump of 3, 100% without; ``python -m benchmarks.ring_depth``).
         ring_slots: with workers, the slots of each worker's shared-memory ring: how many
-            batches a worker may have finished ahead of the parent (``None``: 8).
+            batches a worker may have finished ahead of the parent (``None``: 16; 8 slots
+            gave 74-75% of the best on the LM workload, 16 gave 100%).
         zero_copy: with workers, yield views into shared memory valid until the next
             ``next()`` instead of arrays the caller owns (needs ``ring_slots >=
             prefetch + 2``: the views and the prefetched batches hold slots).
