@@ -43,19 +43,23 @@ class Record:
         data: the payload (raw sample after ``fetch``, a dict of arrays after ``tokenize``).
         lane: the lane the record belongs to.
         contributors: the sample pieces in the record, first fragment first.
-        mix: per-component weight carried by the record (token counts once tokenized,
+        component_tokens: per-component weight carried by the record (token counts once tokenized,
             1 per sample before that); ``ensure_mixture`` balances on it.
     """
 
-    __slots__ = ("data", "lane", "contributors", "mix")
+    __slots__ = ("data", "lane", "contributors", "component_tokens")
 
     def __init__(
-        self, data: Any, lane: int, contributors: list[Contributor], mix: dict[int, int]
+        self,
+        data: Any,
+        lane: int,
+        contributors: list[Contributor],
+        component_tokens: dict[int, int],
     ) -> None:
         self.data = data
         self.lane = lane
         self.contributors = contributors
-        self.mix = mix
+        self.component_tokens = component_tokens
 
     @property
     def cursor(self) -> SampleCursor:
@@ -64,7 +68,7 @@ class Record:
 
     def replace(self, data: Any) -> Record:
         """The same identity carrying new data."""
-        return Record(data, self.lane, self.contributors, self.mix)
+        return Record(data, self.lane, self.contributors, self.component_tokens)
 
     def __repr__(self) -> str:
         return f"Record(cursor={tuple(self.cursor)}, contributors={len(self.contributors)})"
@@ -89,13 +93,13 @@ class LazyRecord(Record):
         build: Callable[[Allocator | None], Any] | None,
         lane: int,
         contributors: list[Contributor],
-        mix: dict[int, int],
+        component_tokens: dict[int, int],
     ) -> None:
         _DATA.__set__(self, None)
         self._build: Callable[[Allocator | None], Any] | None = build
         self.lane = lane
         self.contributors = contributors
-        self.mix = mix
+        self.component_tokens = component_tokens
 
     @property  # type: ignore[override]
     def data(self) -> Any:
@@ -135,12 +139,12 @@ class BatchRecord(LazyRecord):
         data: Any,
         lane: int,
         contributors: list[Contributor],
-        mix: dict[int, int],
+        component_tokens: dict[int, int],
         last_cursor: SampleCursor,
         num_records: int,
         build: Callable[[Allocator | None], Any] | None = None,
     ) -> None:
-        super().__init__(build, lane, contributors, mix)
+        super().__init__(build, lane, contributors, component_tokens)
         if build is None:
             _DATA.__set__(self, data)
         self.last_cursor = last_cursor

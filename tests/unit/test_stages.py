@@ -194,7 +194,7 @@ def test_fused_stage_counts_into_the_three_operators_stats() -> None:
     flushed = list(stage.flush(True, 0))
     assert stage.pending(0) == 0 and st_pack.records_out == 2
     (rec,) = flushed
-    assert rec.mix == {0: 4}
+    assert rec.component_tokens == {0: 4}
     np.testing.assert_array_equal(rec.data["tokens"][:4], np.frombuffer(b"ijkl", np.uint8) + 3)
     np.testing.assert_array_equal(rec.data["tokens_segment_ids"], [1, 1, 2, 2, 0, 0, 0, 0])
 
@@ -230,7 +230,9 @@ def test_the_head_reading_a_chunk_equals_pointers_then_fetch() -> None:
     assert rest is None
     assert [r.data for r in got] == [r.data for r in want] == ["row4", "b9", "b3", "row40", "b0"]
     assert [r.contributors for r in got] == [r.contributors for r in want]
-    assert [r.mix for r in got] == [r.mix for r in want] and {r.lane for r in got} == {2}
+    assert [r.component_tokens for r in got] == [r.component_tokens for r in want] and {
+        r.lane for r in got
+    } == {2}
     assert a.reads[-1] == [4, 40]  # one read per component, in chunk order
     first, rest = ReadChunks(fetch).read(chunk).take(2)  # taken in steps: the same records
     assert rest is not None and len(rest) == 3

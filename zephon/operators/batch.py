@@ -74,7 +74,7 @@ class Batch(LaneStateOperator):
         contributors = [c for r in records for c in r.contributors]
         mix: dict[int, int] = {}
         for r in records:
-            for comp, w in r.mix.items():
+            for comp, w in r.component_tokens.items():
                 mix[comp] = mix.get(comp, 0) + w
         lane, last, n = records[0].lane, records[-1].cursor, len(records)
         if not self.pad_last:

@@ -117,7 +117,7 @@ class EnsureMixture(LaneStateOperator):
 
     def process(self, record: Record) -> Iterable[Output]:
         st = self._state(record.lane)
-        mix = record.mix
+        mix = record.component_tokens
         comp = max(mix, key=lambda c: (mix[c], -c)) if len(mix) > 1 else next(iter(mix))
         if not 0 <= comp < len(self._w):
             raise ValueError(
@@ -141,7 +141,7 @@ class EnsureMixture(LaneStateOperator):
                     best, best_deficit = c, deficit
         rec = st.queues[best].popleft()
         st.waiting -= 1
-        for c, n in rec.mix.items():
+        for c, n in rec.component_tokens.items():
             emitted[c] += n
             st.total += n
         return rec

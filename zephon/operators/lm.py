@@ -177,7 +177,7 @@ class TrimOrPad(Operator):
         out[f + "_segment_ids"] = seg
         out[f + "_positions"] = pos
         out[f + "_mask"] = seg.astype(bool)
-        mix = record.mix
+        mix = record.component_tokens
         if len(mix) == 1 and keep != n:
             ((component, _),) = mix.items()
             mix = {component: keep}

@@ -52,7 +52,7 @@ class Piece(NamedTuple):
     scalars; indexable; possibly made only when read) and its length."""
 
     contributors: list[Contributor]
-    mix: dict[int, int]
+    component_tokens: dict[int, int]
     arrays: Sequence[np.ndarray] | Any
     length: int
 
@@ -284,11 +284,11 @@ class Pack(LaneStateOperator):
         if self._simple and type(data) is dict:
             tokens = data.get(self.features[0])
             if type(tokens) is np.ndarray and tokens.ndim == 1 and len(tokens) <= self.seq_len:
-                return Piece(record.contributors, record.mix, (tokens,), len(tokens))
+                return Piece(record.contributors, record.component_tokens, (tokens,), len(tokens))
         n = self._length(record)
         arrays = [data[f] for f in self.columns[: self._n_arrays]]
         arrays += [self._scalar(data, key) for key in self.broadcast]
-        return Piece(record.contributors, record.mix, tuple(arrays), n)
+        return Piece(record.contributors, record.component_tokens, tuple(arrays), n)
 
     def process(self, record: Record) -> Iterable[Output]:
         return self.place(record.lane, [self.piece(record)])
@@ -406,14 +406,14 @@ class Pack(LaneStateOperator):
         ``j`` of the sample (the last flagged), as :class:`~zephon.operators.split.Split`
         numbers its pieces; so a cut piece must be a whole sample."""
         whole = p.contributors
-        if len(whole) != 1 or whole[0][2:] != (0, True) or len(p.mix) != 1:
+        if len(whole) != 1 or whole[0][2:] != (0, True) or len(p.component_tokens) != 1:
             raise ContractViolation(
                 f"pack(strategy='concat_then_split') cuts documents and needs whole samples; "
                 f"got a record of {len(whole)} contributors, first {tuple(whole[0])}: remove "
                 ".split() (and anything that merges records) before .pack()"
             )
         chunk_id, offset = whole[0][0], whole[0][1]
-        (component,) = p.mix
+        (component,) = p.component_tokens
         bounds = [0, *range(head, p.length, self.seq_len), p.length]
         last = len(bounds) - 2
         arrays, n_arrays = p.arrays, self._n_arrays
@@ -434,7 +434,7 @@ class Pack(LaneStateOperator):
         contributors = [c for p in held for c in p.contributors]
         mix: dict[int, int] = {}
         for p in held:
-            for comp, w in p.mix.items():
+            for comp, w in p.component_tokens.items():
                 mix[comp] = mix.get(comp, 0) + w
 
         def build(_: Any) -> dict[str, np.ndarray]:
@@ -616,12 +616,12 @@ def _arrival(row: tuple[int, list[Piece]]) -> int:
 
 def _component(p: Piece) -> int:
     """The mixture component of a piece (a piece of one sample has one)."""
-    if len(p.mix) != 1:
+    if len(p.component_tokens) != 1:
         raise ValueError(
-            f"pack(component_feature=...): a piece carries {len(p.mix)} components "
-            f"{sorted(p.mix)}; per-token components need pieces of one sample each"
+            f"pack(component_feature=...): a piece carries {len(p.component_tokens)} components "
+            f"{sorted(p.component_tokens)}; per-token components need pieces of one sample each"
         )
-    return next(iter(p.mix))
+    return next(iter(p.component_tokens))
 
 
 def _compact(held: list[list[Piece]]) -> None:

@@ -54,7 +54,7 @@ class Split(Operator):
                 f"contributors, first {tuple(first)}); split whole samples once, before pack"
             )
         chunk_id, offset, _, _ = record.contributors[0]
-        ((component, _),) = record.mix.items()
+        ((component, _),) = record.component_tokens.items()
         # Other features of the same length are cut along; the rest are copied to each piece.
         aligned = [
             k for k, v in data.items() if isinstance(v, np.ndarray) and v.ndim >= 1 and len(v) == n

@@ -62,7 +62,7 @@ class Tokenize(Operator):
 
     def _emit(self, record: Record, ids: Any) -> Record:
         tokens = ids if type(ids) is np.ndarray and ids.dtype is _INT32 else np.asarray(ids, _INT32)
-        (component,) = record.mix  # a sample: one component
+        (component,) = record.component_tokens  # a sample: one component
         data = record.data
         if isinstance(data, dict) and len(data) > 1:
             text = self.field or "text"

@@ -109,7 +109,7 @@ def output_meta(out: LaneOutput, data: Any) -> tuple[dict[str, Any], list[np.nda
         meta[END] = True
         return meta, []
     meta[CONTRIBUTORS] = flat(rec.contributors)
-    meta[MIX] = [[int(c), int(w)] for c, w in rec.mix.items()]
+    meta[MIX] = [[int(c), int(w)] for c, w in rec.component_tokens.items()]
     if isinstance(rec, BatchRecord):
         meta[LAST_CURSOR] = list(rec.last_cursor[1:])
         meta[NUM_RECORDS] = rec.num_records

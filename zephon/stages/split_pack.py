@@ -164,7 +164,7 @@ class SplitPack:
                     lane,
                     [r.data for r in run],
                     [r.contributors for r in run],
-                    [r.mix for r in run],
+                    [r.component_tokens for r in run],
                     run,
                 )
             )
@@ -338,7 +338,7 @@ class _Pieces:
         """Sample ``k`` through split's and pack's own code (and their errors)."""
         record = self._record(k)
         if ids is not None:
-            (component,) = record.mix
+            (component,) = record.component_tokens
             record = Record(
                 {"tokens": ids}, record.lane, record.contributors, {component: len(ids)}
             )

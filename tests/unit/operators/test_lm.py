@@ -141,7 +141,7 @@ def test_trim_or_pad_cuts_pads_and_masks() -> None:
     long = {"tokens": np.arange(6, dtype=np.int32)}
     (out,) = op.process(Record(long, 0, [Contributor(0, 0, 0, True)], {2: 6}))
     np.testing.assert_array_equal(out.data["tokens"], [0, 1, 2, 3])
-    assert out.mix == {2: 4}  # the tokens kept, for ensure_mixture
+    assert out.component_tokens == {2: 4}  # the tokens kept, for ensure_mixture
 
 
 def test_trim_or_pad_errors() -> None:

@@ -112,7 +112,7 @@ def test_batch_record_identity() -> None:
     assert isinstance(out, BatchRecord)
     assert out.contributors == a.contributors + b.contributors
     assert out.cursor == SampleCursor(1, 0, 0, 0) and out.last_cursor == SampleCursor(1, 0, 1, 0)
-    assert out.mix == {0: 3, 1: 1} and out.num_records == 2
+    assert out.component_tokens == {0: 3, 1: 1} and out.num_records == 2
     assert op.pending(1) == 0
 
 

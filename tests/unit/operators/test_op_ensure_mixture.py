@@ -48,7 +48,7 @@ def _mixture_pipeline(
 
 
 def _stream(rec) -> list[tuple[int, int]]:
-    return [(next(iter(r.mix)), len(r.data["tokens"])) for r in rec.seen]
+    return [(next(iter(r.component_tokens)), len(r.data["tokens"])) for r in rec.seen]
 
 
 def _window_shares(stream: list[tuple[int, int]], w: int) -> np.ndarray:
@@ -91,12 +91,14 @@ def test_token_totals_per_epoch_are_conserved(h) -> None:
     per_epoch: Counter[tuple[int, int]] = Counter()
     for r in rec.seen:
         chunk = r.contributors[0].chunk_id
-        per_epoch[chunk // 4, next(iter(r.mix))] += len(r.data["tokens"])
+        per_epoch[chunk // 4, next(iter(r.component_tokens))] += len(r.data["tokens"])
     pipe, rec = _mixture_pipeline(h, tail="shuffle")
     take(pipe)
     expected: Counter[tuple[int, int]] = Counter()
     for r in rec.seen:
-        expected[r.contributors[0].chunk_id // 4, next(iter(r.mix))] += len(r.data["tokens"])
+        expected[r.contributors[0].chunk_id // 4, next(iter(r.component_tokens))] += len(
+            r.data["tokens"]
+        )
     assert per_epoch == expected
 
 

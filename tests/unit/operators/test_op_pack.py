@@ -47,7 +47,7 @@ def test_output_features_segment_ids_positions_dtypes() -> None:
         assert v.dtype == np.int32 and v.shape == (10,)
     assert out.contributors == [Contributor(0, 0, 0, True), Contributor(0, 1, 0, True)]
     assert out.cursor == SampleCursor(0, 0, 0, 0)  # the first fragment's cursor
-    assert out.mix == {0: 3, 1: 4}
+    assert out.component_tokens == {0: 3, 1: 4}
     assert op.pending(0) == 0
 
 
@@ -241,7 +241,7 @@ def test_packed_records_are_assembled_on_first_read_only() -> None:
     op = Pack(seq_len=4, num_bins=1)
     (rec,) = _feed(op, [2, 2])[1]
     assert isinstance(rec, LazyRecord) and not rec.built
-    assert _offsets(rec) == [0, 1] and rec.mix == {0: 2, 1: 2}  # known before assembly
+    assert _offsets(rec) == [0, 1] and rec.component_tokens == {0: 2, 1: 2}  # known before assembly
     first = rec.data
     assert rec.built and rec.data is first
     np.testing.assert_array_equal(first["tokens"], [100, 100, 101, 101])

@@ -172,7 +172,7 @@ def test_concat_then_split_cuts_documents_at_seq_len_and_restarts_positions() ->
         [(1, 2, True), (2, 0, True)],
     ]
     assert rows[1].cursor == SampleCursor(0, 0, 1, 1)
-    assert [r.mix for r in rows] == [{0: 4}, {0: 4}, {0: 3}]
+    assert [r.component_tokens for r in rows] == [{0: 4}, {0: 4}, {0: 3}]
 
 
 def test_concat_then_split_cuts_meta_features_along_and_repeats_broadcast_fields() -> None:

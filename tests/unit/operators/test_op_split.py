@@ -36,7 +36,7 @@ def test_split_pieces_children_and_flags() -> None:
         [Contributor(9, 4, 2, True)],
     ]
     assert [p.cursor for p in out] == [SampleCursor(3, 9, 4, c) for c in range(3)]
-    assert [p.mix for p in out] == [{2: 4}, {2: 4}, {2: 2}]
+    assert [p.component_tokens for p in out] == [{2: 4}, {2: 4}, {2: 2}]
     # Features of the same length are cut along; others are copied to every piece.
     assert [p.data["labels"].tolist() for p in out] == [[0, -1, -2, -3], [-4, -5, -6, -7], [-8, -9]]
     assert [p.data["doc"] for p in out] == ["x", "x", "x"]

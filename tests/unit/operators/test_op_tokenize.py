@@ -64,7 +64,7 @@ def test_tokenize_string_record() -> None:
     assert out.data["tokens"].tolist() == [104 + 3, 0xC3 + 3, 0xA9 + 3, 1]
     # Identity is kept; the record's mixture weight becomes its token count.
     assert out.contributors == [Contributor(4, 2, 0, True)] and out.lane == 0
-    assert out.mix == {1: 4}
+    assert out.component_tokens == {1: 4}
 
 
 def test_tokenize_dict_with_field_and_default_text_field() -> None:
