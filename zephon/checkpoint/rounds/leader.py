@@ -6,6 +6,7 @@ import contextlib
 import os
 import re
 import socket
+import threading
 import uuid
 from typing import Any
 
@@ -64,11 +65,16 @@ class Leader:
         self.merged_kept: list[str] = []  # state records left for the followers' shares
         self._gen_seen = False  # this round's generation was read back at least once
         self._records: list[bytes] = []  # the state records of the round being run
+        #: The thread leaving the last round's records for the shares (see _publish_merged)
+        #: and the key it wrote; joined before the next round and at close().
+        self._publishing: threading.Thread | None = None
+        self._published: str | None = None
         self.last: RoundStats | None = None
 
     # ------------------------------------------------------------------------- round
 
     def round(self, state: dict[str, Any]) -> dict[str, Any]:
+        self._join_publishing()
         ctx, n = self.ctx, self.ctx.world_size
         deadline = Deadline(ctx.timeout_s)
         before = ctx.counters()
@@ -96,7 +102,16 @@ class Leader:
                         f"{ctx.p} round {rid} failed in {ctx.where}: {type(e).__name__}: {e}"
                     ) from e
                 raise
-            self._publish_merged(rid)
+            # The records for the shares need no rank to wait: on a thread, joined before
+            # the next round and at close().
+            records, self._records = self._records, []
+            self._publishing = threading.Thread(
+                target=self._publish_merged,
+                args=(rid, records),
+                name=f"zephon-publish-{rid}",
+                daemon=True,
+            )
+            self._publishing.start()
             self._after_commit(rid, deadline)
             return merged
         finally:
@@ -195,17 +210,27 @@ class Leader:
         )
         return merged
 
-    def _publish_merged(self, rid: str) -> None:
+    def _join_publishing(self) -> None:
+        """Wait for the last round's records to be left for the shares (if they are still
+        being written) and keep their key with the others to delete."""
+        if self._publishing is not None:
+            self._publishing.join()
+            self._publishing = None
+        if self._published is not None:
+            self.merged_kept.append(self._published)
+            self._published = None
+
+    def _publish_merged(self, rid: str, records: list[bytes]) -> None:
         """Leave what the merged state is made of in the store (``-m.<rid>``: every rank's
         state record as the leader received it, whose digests the commit lists) for the
         followers' shares (:class:`zephon.checkpoint.share.Share`): nobody reads it in the
         round; a follower that saves its share, or restores lanes it does not own, does,
         and merges them as the leader did. The records are already encoded, so this costs
-        the leader one write, not an encoding of every lane. After the commit, so the round
-        does not wait for it; never fails the round (a share that cannot find it says so
-        when it is saved)."""
+        the leader one write, not an encoding of every lane. On a thread of its own after
+        the commit, so neither the round nor the training loop waits for it (a share waits
+        for it, within one round budget); never fails the round (a share that cannot find it
+        says so when it is saved)."""
         ctx, keys = self.ctx, self.ctx.keys
-        records, self._records = self._records, []
         try:
             blob = encode(
                 MERGED,
@@ -226,7 +251,7 @@ class Leader:
                 e,
             )
             return
-        self.merged_kept.append(keys.merged(rid))
+        self._published = keys.merged(rid)
 
     def _after_commit(self, rid: str, deadline: Deadline) -> None:
         """Wait for the acks; then clean up. Nothing here fails the round: store errors
@@ -588,6 +613,7 @@ class Leader:
         failed last round keeps its announcement and notice: followers that have not looked
         yet must still find out (a later run ignores them)."""
         ctx, keys, n = self.ctx, self.ctx.keys, self.ctx.world_size
+        self._join_publishing()
         if self.lease is not None:
             try:
                 self.lease.stop()
