@@ -254,6 +254,22 @@ PyDoc_STRVAR(assemble_into_doc,
              "an empty piece takes none) and position within its piece, 0 after the pieces.\n"
              "Returns the number of tokens copied.");
 
+/* A writable int32 row of cap items from obj into view: 1; obj None: 0; else -1 (raised). */
+static int int32_row(PyObject *obj, Py_buffer *view, Py_ssize_t cap, const char *name) {
+    if (obj == Py_None) {
+        return 0;
+    }
+    if (PyObject_GetBuffer(obj, view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+        return -1;
+    }
+    if (view->itemsize != 4 || view->len != cap * 4) {
+        PyBuffer_Release(view);
+        PyErr_Format(PyExc_ValueError, "%s must be int32 and as long as out", name);
+        return -1;
+    }
+    return 1;
+}
+
 static PyObject *py_assemble_into(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *parts, *out_obj, *seg_obj, *pos_obj;
     Py_buffer pad;
@@ -272,25 +288,9 @@ static PyObject *py_assemble_into(PyObject *Py_UNUSED(self), PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "out must be 1-D and pad one item of it");
         goto done;
     }
-    if (seg_obj != Py_None) {
-        if (PyObject_GetBuffer(seg_obj, &seg, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
-            goto done;
-        }
-        have_seg = 1;
-        if (seg.itemsize != 4 || seg.len != cap * 4) {
-            PyErr_SetString(PyExc_ValueError, "seg must be int32 and as long as out");
-            goto done;
-        }
-    }
-    if (pos_obj != Py_None) {
-        if (PyObject_GetBuffer(pos_obj, &pos, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
-            goto done;
-        }
-        have_pos = 1;
-        if (pos.itemsize != 4 || pos.len != cap * 4) {
-            PyErr_SetString(PyExc_ValueError, "pos must be int32 and as long as out");
-            goto done;
-        }
+    if ((have_seg = int32_row(seg_obj, &seg, cap, "seg")) < 0 ||
+        (have_pos = int32_row(pos_obj, &pos, cap, "pos")) < 0) {
+        goto done;
     }
     char *dst = out.buf;
     int32_t *segs = have_seg ? seg.buf : NULL, *poss = have_pos ? pos.buf : NULL;
@@ -340,10 +340,10 @@ done:
     if (out.obj) {
         PyBuffer_Release(&out);
     }
-    if (have_seg) {
+    if (have_seg > 0) {
         PyBuffer_Release(&seg);
     }
-    if (have_pos) {
+    if (have_pos > 0) {
         PyBuffer_Release(&pos);
     }
     return result;

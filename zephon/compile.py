@@ -145,9 +145,8 @@ def compile_plan(
     # A pool exists when some operator asks for threads; a tokenize that does keeps them.
     threaded = max((op.parallelism for op in full), default=1) > 1
     reads = type(full[0]) is Fetch and full[0].parallelism <= 1
-    padding = at + 1 if batch_at and isinstance(ops[batch_at[0]], Batch) else None
-    if padding is not None and not full[padding].pad_last:  # type: ignore[attr-defined]
-        padding = None
+    last = ops[batch_at[0]] if batch_at else None
+    padding = at + 1 if isinstance(last, Batch) and last.pad_last else None
     fused: list[tuple[int, int]] = []
     i = 1 if reads else 0
     while i < len(full):

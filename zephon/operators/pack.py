@@ -446,10 +446,14 @@ class Pack(LaneStateOperator):
         """A row of ``dtype`` filled with ``pad`` (checked to fit ``dtype`` exactly)."""
         if pad == 0 and type(pad) is not float:
             return np.zeros(self.seq_len, dtype=dtype)
+        self._check_pad(column, name, pad, dtype)
+        return np.full(self.seq_len, pad, dtype=dtype)
+
+    def _check_pad(self, column: int, name: str, pad: Any, dtype: np.dtype) -> None:
+        """``pad`` fits ``column``'s ``dtype`` exactly (checked once per column and dtype)."""
         if (column, dtype) not in self._checked:
             check_fits(f"pack(pad_values={{{name!r}: {pad!r}}})", name, pad, dtype)
             self._checked.add((column, dtype))
-        return np.full(self.seq_len, pad, dtype=dtype)
 
     def _assemble(self, pieces: list[Piece]) -> dict[str, np.ndarray]:
         """A packed row: its features (the pieces one after another, then the pad) and
@@ -541,9 +545,7 @@ class Pack(LaneStateOperator):
         item = self._pad_items.get(key)
         if item is None:
             pad = self._pads[column]
-            if key not in self._checked:
-                check_fits(f"pack(pad_values={{{name!r}: {pad!r}}})", name, pad, dtype)
-                self._checked.add(key)
+            self._check_pad(column, name, pad, dtype)
             item = self._pad_items[key] = np.array(pad, dtype=dtype).tobytes()
         return item
 

@@ -30,6 +30,7 @@ SLOW_CHECK_S = 0.1
 #: How long a follower whose round lost its generation waits for an announcement that
 #: names the round void (see Follower._voiding_announcement).
 VOID_WAIT_S = 0.25
+_NEVER_LIVE = "was never live (its leader's announcement of it failed)"
 
 
 class _Joined:
@@ -242,7 +243,7 @@ class Follower:
                     # the announcement, late), or a notice the store took only empty?
                     voiding = self._voiding_announcement(view, rid)
                     if voiding is not None:
-                        self._switch_to_voiding(joined, voiding, state)
+                        self._move_to(joined, voiding, state, _NEVER_LIVE)
                         continue
                 result = self._judge(joined, decision, state)
                 if result is not None:
@@ -267,7 +268,7 @@ class Follower:
                     voiding = self._voiding_announcement(view, rid)
                     if voiding is None:
                         return self._ended_without_decision(joined, state)
-                    self._switch_to_voiding(joined, voiding, state)
+                    self._move_to(joined, voiding, state, _NEVER_LIVE)
                     continue
                 # While the generation names this round no newer one was announced: the
                 # announcement is only read when it does not.
@@ -279,17 +280,10 @@ class Follower:
                         joined.fresh = True  # closed by its leader: the joined round is live
                 if cur is not None and cur.round_id != rid:
                     if cur.session != ann.session:
-                        ctx.log.info(
-                            "%s round %s was left by an earlier run; joining round %s",
-                            ctx.p,
-                            rid,
-                            cur.round_id,
-                        )
-                        joined.join(cur, fresh=True)
-                        self._write_state(joined, state)
+                        self._move_to(joined, cur, state, "was left by an earlier run")
                         continue
                     if rid in cur.void:
-                        self._switch_to_voiding(joined, cur, state)
+                        self._move_to(joined, cur, state, _NEVER_LIVE)
                         continue
                     if cur.counter > ann.counter:
                         raise AggregationError(
@@ -475,13 +469,11 @@ class Follower:
             if time.monotonic() >= until or not view.sleep():
                 return None
 
-    def _switch_to_voiding(self, joined: _Joined, cur: Announcement, state: dict[str, Any]) -> None:
+    def _move_to(self, joined: _Joined, cur: Announcement, state: dict[str, Any], why: str) -> None:
+        """Leave the joined round (``why``: what it turned out to be) for ``cur``."""
         ctx = self.ctx
         ctx.log.info(
-            "%s round %s was never live (its leader's announcement of it failed); joining round %s",
-            ctx.p,
-            joined.ann.round_id,
-            cur.round_id,
+            "%s round %s %s; joining round %s", ctx.p, joined.ann.round_id, why, cur.round_id
         )
         joined.join(cur, fresh=True)
         self._write_state(joined, state)
