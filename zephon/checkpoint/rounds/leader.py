@@ -65,8 +65,8 @@ class Leader:
         self.merged_kept: list[str] = []  # state records left for the followers' shares
         self._gen_seen = False  # this round's generation was read back at least once
         self._records: list[bytes] = []  # the state records of the round being run
-        #: The thread leaving the last round's records for the shares (see _publish_merged)
-        #: and the key it wrote; joined before the next round and at close().
+        #: The thread leaving the round's records for the shares (see _publish_merged) while
+        #: the followers acknowledge, and the key it wrote; joined before round() returns.
         self._publishing: threading.Thread | None = None
         self._published: str | None = None
         self.last: RoundStats | None = None
@@ -74,7 +74,6 @@ class Leader:
     # ------------------------------------------------------------------------- round
 
     def round(self, state: dict[str, Any]) -> dict[str, Any]:
-        self._join_publishing()
         ctx, n = self.ctx, self.ctx.world_size
         deadline = Deadline(ctx.timeout_s)
         before = ctx.counters()
@@ -102,8 +101,8 @@ class Leader:
                         f"{ctx.p} round {rid} failed in {ctx.where}: {type(e).__name__}: {e}"
                     ) from e
                 raise
-            # The records for the shares need no rank to wait: on a thread, joined before
-            # the next round and at close().
+            # The records for the shares are written while the followers acknowledge the
+            # commit: on a thread, joined before this round returns.
             records, self._records = self._records, []
             self._publishing = threading.Thread(
                 target=self._publish_merged,
@@ -112,7 +111,10 @@ class Leader:
                 daemon=True,
             )
             self._publishing.start()
-            self._after_commit(rid, deadline)
+            try:
+                self._after_commit(rid, deadline)
+            finally:
+                self._join_publishing()
             return merged
         finally:
             self.last = _stats(ctx, rid, "leader", ok, deadline, before)
@@ -211,8 +213,8 @@ class Leader:
         return merged
 
     def _join_publishing(self) -> None:
-        """Wait for the last round's records to be left for the shares (if they are still
-        being written) and keep their key with the others to delete."""
+        """Wait for the round's records to be left for the shares and keep their key with
+        the others to delete."""
         if self._publishing is not None:
             self._publishing.join()
             self._publishing = None
@@ -227,8 +229,8 @@ class Leader:
         round; a follower that saves its share, or restores lanes it does not own, does,
         and merges them as the leader did. The records are already encoded, so this costs
         the leader one write, not an encoding of every lane. On a thread of its own after
-        the commit, so neither the round nor the training loop waits for it (a share waits
-        for it, within one round budget); never fails the round (a share that cannot find it
+        the commit, while the followers acknowledge it (a share waits for it, within one
+        round budget); never fails the round (a share that cannot find it
         says so when it is saved)."""
         ctx, keys = self.ctx, self.ctx.keys
         try:
@@ -613,7 +615,6 @@ class Leader:
         failed last round keeps its announcement and notice: followers that have not looked
         yet must still find out (a later run ignores them)."""
         ctx, keys, n = self.ctx, self.ctx.keys, self.ctx.world_size
-        self._join_publishing()
         if self.lease is not None:
             try:
                 self.lease.stop()
