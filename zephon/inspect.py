@@ -9,7 +9,7 @@ from typing import Any
 
 from zephon._fingerprint import expand_parts
 from zephon.checkpoint.io import load, peek_header
-from zephon.work_sources.static_mixture import decode_state
+from zephon.work_sources.lane_state import decode_state
 
 
 def summarize(

@@ -22,13 +22,16 @@ State is ``(next_chunk_id, the lane's tokens, where the weights were last looked
 virtual time, and per component: position, tokens, units received since the last change of
 weights, a carried credit)``: constant size, packed small, and restoring it costs nothing
 whatever the position.
+
+This class holds what its lanes share and answers for the source; the constructor's
+arguments are checked in :mod:`~zephon.work_sources.mixture_args`, one lane runs in
+:mod:`~zephon.work_sources.mixture_lane`, and its state's format is
+:mod:`~zephon.work_sources.lane_state`.
 """
 
 from __future__ import annotations
 
 import copy
-import math
-import operator
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -37,135 +40,28 @@ import numpy as np
 from zephon.chunks import WorkChunk
 from zephon.errors import CheckpointError
 from zephon.sources.identity import dataset_identity
-from zephon.work_sources import interleave as il
 from zephon.work_sources.base import RandomAccessDataset
-from zephon.work_sources.lengths import ComponentLengths, resolve_lengths
+from zephon.work_sources.lane_state import checked_count, unpack_components
+from zephon.work_sources.lengths import ComponentLengths
+from zephon.work_sources.mixture_args import (
+    ON_EXHAUSTED,
+    WEIGHT_UNITS,
+    Datasets,
+    Lengths,
+    NumEpochs,
+    Weights,
+    as_int,
+    check_datasets,
+    check_epochs,
+    check_lengths,
+    check_sizes,
+    validate_lane,
+    weight_vectors,
+)
+from zephon.work_sources.mixture_lane import LaneInputs, MixtureLane
 from zephon.work_sources.schedule import Schedule
 
-__all__ = ["StaticMixtureWorkSource", "decode_state"]
-
-STATE_VERSION = 2
-_STATE_KEYS = (
-    "version",
-    "lane",
-    "num_lanes",
-    "next_chunk_id",
-    "lane_tokens",
-    "schedule_position",
-    "virtual_time",
-    "positions",
-    "tokens",
-    "received",
-    "carry",
-    "stopped",
-)
-WEIGHT_UNITS = ("samples", "tokens")
-ON_EXHAUSTED = ("renormalize", "stop")
-
-Datasets = Sequence[RandomAccessDataset] | Mapping[str, RandomAccessDataset]
-Weights = Sequence[float] | Mapping[str, float] | np.ndarray | Schedule | None
-Lengths = Sequence[Any] | Mapping[str, Any] | None
-NumEpochs = int | Mapping[str, int | None] | None
-
-
-def _as_int(name: str, value: Any) -> int:
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be an int; got bool {value!r}")
-    try:
-        return operator.index(value)
-    except TypeError as e:
-        raise TypeError(f"{name} must be an int; got {type(value).__name__} {value!r}") from e
-
-
-def _validate_lane(lane: Any, num_lanes: Any) -> tuple[int, int]:
-    lane = _as_int("lane", lane)
-    num_lanes = _as_int("num_lanes", num_lanes)
-    if num_lanes < 1:
-        raise ValueError(f"num_lanes must be >= 1; got num_lanes={num_lanes}")
-    if not 0 <= lane < num_lanes:
-        raise ValueError(
-            f"lane must satisfy 0 <= lane < num_lanes; got lane={lane}, num_lanes={num_lanes} "
-            f"(use a lane in 0..{num_lanes - 1})"
-        )
-    return lane, num_lanes
-
-
-# ----------------------------------------------------------------- packed int arrays
-#
-# A state's per-component arrays are bytes: one byte giving the width w (0: all zero, else
-# 1, 2, 4 or 8), then the values as little-endian signed w-byte ints, byte plane by byte
-# plane (every value's low byte, then every second byte, ...), which zstd compresses well
-# when the values have similar magnitudes.
-
-
-def pack_ints(values: np.ndarray) -> bytes:
-    """Per-component ints as bytes (see above)."""
-    if not values.size or not values.any():
-        return b"\x00"
-    lo, hi = int(values.min()), int(values.max())
-    for width in (1, 2, 4, 8):
-        bound = 1 << (8 * width - 1)
-        if -bound <= lo and hi < bound:
-            break
-    planes = values.astype(f"<i{width}").view(np.uint8).reshape(-1, width).T
-    return bytes([width]) + planes.tobytes()
-
-
-def unpack_ints(data: Any, count: int, what: str) -> np.ndarray:
-    """:func:`pack_ints`'s bytes back to ``count`` int64s.
-
-    Raises:
-        CheckpointError: not bytes, an unknown width, or another count of values.
-    """
-    if not isinstance(data, bytes) or not data:
-        raise CheckpointError(
-            f"state {what} must be packed bytes; got {type(data).__name__} {data!r:.40}"
-        )
-    width = data[0]
-    if width == 0 and len(data) == 1:
-        return np.zeros(count, dtype=np.int64)
-    if width not in (1, 2, 4, 8) or len(data) != 1 + width * count:
-        raise CheckpointError(
-            f"state {what} holds {len(data) - 1} bytes of width {width}; expected "
-            f"{count} values (one per component) of width 1, 2, 4 or 8"
-        )
-    planes = np.frombuffer(data, dtype=np.uint8, offset=1).reshape(width, count)
-    return np.ascontiguousarray(planes.T).view(f"<i{width}").reshape(count).astype(np.int64)
-
-
-def _pack_carry(carry: np.ndarray) -> bytes:
-    return b"" if not carry.any() else carry.astype("<f4").tobytes()
-
-
-def _unpack_carry(data: Any, count: int) -> np.ndarray:
-    if not isinstance(data, bytes) or len(data) not in (0, 4 * count):
-        raise CheckpointError(
-            f"state carry must be b'' or {count} float32s; got {type(data).__name__} {data!r:.40}"
-        )
-    if not data:
-        return np.zeros(count, dtype=np.float64)
-    carry = np.frombuffer(data, dtype="<f4").astype(np.float64)
-    if not np.all(np.isfinite(carry)):
-        raise CheckpointError("state carry must be finite float32s")
-    carry[carry == 0] = 0.0
-    return carry
-
-
-def decode_state(state: Mapping[str, Any]) -> dict[str, Any]:
-    """A lane's work-source state as plain per-component lists (``positions``, ``tokens``),
-    for ``zephon inspect``: no datasets needed. The count comes from the packed bytes."""
-    out: dict[str, Any] = {}
-    for key in ("positions", "tokens"):
-        data = state.get(key)
-        if not isinstance(data, bytes) or not data:
-            return {}
-        width = data[0]
-        count = 0 if width == 0 else (len(data) - 1) // width
-        if width == 0:
-            out[key] = None  # all zero; the count is not recorded
-            continue
-        out[key] = unpack_ints(data, count, key).tolist()
-    return out
+__all__ = ["StaticMixtureWorkSource"]
 
 
 class StaticMixtureWorkSource:
@@ -231,318 +127,58 @@ class StaticMixtureWorkSource:
         lane: int = 0,
         num_lanes: int = 1,
     ) -> None:
-        names, dsets = self._check_datasets(datasets)
+        names, dsets = check_datasets(datasets)
         if weight_unit not in WEIGHT_UNITS:
             raise ValueError(f"weight_unit must be one of {WEIGHT_UNITS}; got {weight_unit!r}")
         if on_exhausted not in ON_EXHAUSTED:
             raise ValueError(f"on_exhausted must be one of {ON_EXHAUSTED}; got {on_exhausted!r}")
-        schedule: Schedule | None = None
-        if isinstance(weights, Schedule):
-            schedule = weights
-            vectors = schedule.vectors_for(names)
-            first = tuple(float(w) for w in vectors[0])
-            most = np.max(np.vstack(vectors), axis=0)  # the largest weight a component gets
-            raw_weights = tuple(float(w) for w in most)
-        else:
-            raw_weights = self._check_weights(weights, datasets, names)
-            first = self._normalise(raw_weights)
-            vectors = [np.asarray(first, dtype=np.float64)]
-        sizes = []
-        for c, (name, ds) in enumerate(zip(names, dsets, strict=True)):
-            n = len(ds)
-            if n == 0 and raw_weights[c] > 0:
-                raise ValueError(
-                    f"dataset {name!r} (component {c}) is empty but has weight "
-                    f"{raw_weights[c]!r}; give it weight 0 or remove it"
-                )
-            sizes.append(int(n))
+        schedule, vectors, first, raw_weights = weight_vectors(weights, datasets, names)
+        sizes = check_sizes(names, dsets, raw_weights)
 
-        seed = _as_int("seed", seed)
+        seed = as_int("seed", seed)
         if not -(2**63) <= seed < 2**64:
             raise ValueError(f"seed must fit in 64 bits (msgpack-able); got seed={seed}")
-        chunk_size = _as_int("chunk_size", chunk_size)
+        chunk_size = as_int("chunk_size", chunk_size)
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1; got chunk_size={chunk_size}")
-        epochs = self._check_epochs(num_epochs, names)
+        epochs = check_epochs(num_epochs, names)
 
         self._names: tuple[str, ...] = names
         self._datasets: tuple[RandomAccessDataset, ...] = dsets
-        self._lengths: tuple[int, ...] = tuple(sizes)
+        self._lengths: tuple[int, ...] = sizes
         self._schedule = schedule
-        self._vectors = vectors
         self._weights: tuple[float, ...] = first
         self._seed = seed
         self._shuffle = bool(shuffle)
         self._chunk_size = chunk_size
         self._num_epochs: Any = dict(num_epochs) if isinstance(num_epochs, Mapping) else num_epochs
-        self._epochs: tuple[int | None, ...] = epochs
         self._weight_unit = weight_unit
         self._on_exhausted = on_exhausted
         needs_tokens = weight_unit == "tokens" or (
             schedule is not None and schedule.unit == "tokens"
         )
-        self._token_lengths = self._resolve_lengths(lengths, raw_weights, needs_tokens)
-        self._codes = np.array(
-            [
-                il.length_code(None if t is None else t.array, t is not None and t.offsets)
-                for t in self._token_lengths
-            ],
-            dtype=np.uint8,
+        self._token_lengths = check_lengths(lengths, names, dsets, raw_weights, needs_tokens)
+        self._inputs = LaneInputs.build(
+            names,
+            sizes,
+            epochs,
+            schedule,
+            vectors,
+            self._token_lengths,
+            seed,
+            self._shuffle,
+            chunk_size,
+            weight_unit,
+            on_exhausted,
         )
-        self._table = il.LengthTable(
-            tuple(None if t is None else t.array for t in self._token_lengths),
-            self._codes,
-            np.array([il.component_key(n) for n in names], dtype=np.uint64),
-        )
-        self._all_lengths = all(t is not None for t in self._token_lengths)
-        self._has_lengths = any(t is not None for t in self._token_lengths)
-        self._flags = (
-            (il.FLAG_SHUFFLE if self._shuffle else 0)
-            | (il.FLAG_TOKEN_UNITS if weight_unit == "tokens" else 0)
-            | (il.FLAG_STOP_ON_EXHAUST if on_exhausted == "stop" else 0)
-        )
-        self._bind_lane(lane, num_lanes)
-
-    # ----------------------------------------------------------------------- validation
-
-    @staticmethod
-    def _check_datasets(
-        datasets: Datasets,
-    ) -> tuple[tuple[str, ...], tuple[RandomAccessDataset, ...]]:
-        if isinstance(datasets, Mapping):
-            for k in datasets:
-                if not isinstance(k, str):
-                    raise TypeError(
-                        f"dataset names (dict keys) must be str; got {type(k).__name__} {k!r}"
-                    )
-            names = tuple(datasets)
-            dsets = tuple(datasets.values())
-        elif isinstance(datasets, list | tuple):
-            dsets = tuple(datasets)
-            names = tuple(str(c) for c in range(len(dsets)))
-        else:
-            raise TypeError(
-                f"datasets must be a list/tuple of datasets or a dict name -> dataset; got "
-                f"{type(datasets).__name__}"
-            )
-        if not dsets:
-            raise ValueError("datasets is empty; pass at least one dataset")
-        for c, (name, ds) in enumerate(zip(names, dsets, strict=True)):
-            if not (hasattr(ds, "__len__") and hasattr(ds, "__getitem__")):
-                raise TypeError(
-                    f"dataset {name!r} (component {c}) of type {type(ds).__name__} is not "
-                    f"random-access: it needs __len__ and __getitem__ (wrap it in a source "
-                    f"such as ArraySource)"
-                )
-        return names, dsets
-
-    @staticmethod
-    def _check_weights(
-        weights: Weights, datasets: Datasets, names: tuple[str, ...]
-    ) -> tuple[float, ...]:
-        if weights is None:
-            return tuple(1.0 for _ in names)
-        if isinstance(weights, Mapping):
-            if not isinstance(datasets, Mapping):
-                raise ValueError(
-                    f"weights is a dict (keys {sorted(map(str, weights))}) but datasets is a "
-                    f"{type(datasets).__name__}; pass weights as a list in dataset order, or "
-                    f"datasets as a dict"
-                )
-            missing = [n for n in names if n not in weights]
-            extra = [k for k in weights if k not in datasets]
-            if missing or extra:
-                raise ValueError(
-                    f"weights keys must equal datasets keys; missing weights for {missing}, "
-                    f"weights for unknown datasets {extra}"
-                )
-            values = [weights[n] for n in names]
-        elif isinstance(weights, list | tuple | np.ndarray):
-            values = list(weights)
-            if len(values) != len(names):
-                raise ValueError(
-                    f"got {len(values)} weights for {len(names)} datasets; pass one weight per "
-                    f"dataset"
-                )
-        else:
-            raise TypeError(
-                f"weights must be a list/tuple, a dict name -> weight, a zp.Schedule or None; "
-                f"got {type(weights).__name__}"
-            )
-        out = []
-        for c, (name, w) in enumerate(zip(names, values, strict=True)):
-            try:
-                wf = float(w)
-            except (TypeError, ValueError) as e:
-                raise TypeError(
-                    f"weight of dataset {name!r} (component {c}) must be a number; got {w!r}"
-                ) from e
-            if not math.isfinite(wf) or wf < 0:
-                raise ValueError(
-                    f"weight of dataset {name!r} (component {c}) must be finite and >= 0; got {w!r}"
-                )
-            out.append(wf)
-        if not any(w > 0 for w in out):
-            raise ValueError(
-                f"weights must have a positive sum; got {out} (give at least one dataset a "
-                f"positive weight)"
-            )
-        return tuple(out)
-
-    @staticmethod
-    def _check_epochs(num_epochs: NumEpochs, names: tuple[str, ...]) -> tuple[int | None, ...]:
-        def one(value: Any, what: str) -> int | None:
-            if value is None:
-                return None
-            value = _as_int(what, value)
-            if value < 1:
-                raise ValueError(
-                    f"{what} must be >= 1, or None to repeat forever; got {what}={value}"
-                )
-            return value
-
-        if isinstance(num_epochs, Mapping):
-            unknown = [k for k in num_epochs if k not in names]
-            if unknown:
-                raise ValueError(
-                    f"num_epochs names unknown datasets {unknown}; the datasets are {list(names)}"
-                )
-            return tuple(one(num_epochs.get(n), f"num_epochs[{n!r}]") for n in names)
-        epochs = one(num_epochs, "num_epochs")
-        if epochs is not None:
-            return tuple(epochs for _ in names)
-        return tuple(None for _ in names)
-
-    def _resolve_lengths(
-        self, lengths: Lengths, raw_weights: tuple[float, ...], needed: bool
-    ) -> tuple[ComponentLengths | None, ...]:
-        names = self._names
-        if lengths is None:
-            specs: list[Any] = [None] * len(names)
-            given = [False] * len(names)
-        elif isinstance(lengths, Mapping):
-            unknown = [k for k in lengths if k not in names]
-            if unknown:
-                raise ValueError(
-                    f"lengths names unknown datasets {unknown}; the datasets are {list(names)}"
-                )
-            specs = [lengths.get(n) for n in names]
-            given = [n in lengths for n in names]
-        elif isinstance(lengths, list | tuple):
-            if len(lengths) != len(names):
-                raise ValueError(
-                    f"got lengths for {len(lengths)} datasets, there are {len(names)}; give "
-                    "one entry (or None) per dataset, or a dict"
-                )
-            specs = list(lengths)
-            given = [s is not None for s in lengths]
-        else:
-            raise TypeError(
-                f"lengths must be None, a dict name -> lengths or a list; got "
-                f"{type(lengths).__name__}"
-            )
-        out: list[ComponentLengths | None] = []
-        for c, (name, ds, spec) in enumerate(zip(names, self._datasets, specs, strict=True)):
-            if given[c] or (needed and raw_weights[c] > 0):
-                out.append(resolve_lengths(name, c, ds, spec))
-            else:
-                out.append(None)
-        return tuple(out)
-
-    @staticmethod
-    def _normalise(weights: tuple[float, ...]) -> tuple[float, ...]:
-        # Divide by the max first so a sum of huge finite weights cannot overflow to inf.
-        top = max(weights)
-        scaled = [w / top for w in weights]
-        total = math.fsum(scaled)
-        return tuple(w / total for w in scaled)
-
-    # ---------------------------------------------------------------------- lane binding
-
-    def _bind_lane(self, lane: int, num_lanes: int) -> None:
-        """Bind to a lane and rewind to the start of its stream."""
-        self._lane, self._num_lanes = _validate_lane(lane, num_lanes)
-        k = self.num_components
-        self._f64 = np.zeros((il.F64_ROWS, k), dtype=np.float64)
-        self._i64 = np.zeros((il.I64_ROWS, k), dtype=np.int64)
-        self._i64[il.NLEN] = -1
-        self._i64[il.SIZE] = self._lengths
-        self._i64[il.LIMIT] = [
-            -1 if e is None else max(0, -(-(e * n - self._lane) // self._num_lanes))
-            for e, n in zip(self._epochs, self._lengths, strict=True)
-        ]
-        self._heaps = np.zeros((2, k), dtype=np.int32)
-        self._vtime = 0.0
-        self._out = np.empty((3, self._chunk_size), dtype=np.int64)
-        self._next_chunk_id = 0
-        self._lane_tokens = 0
-        self._schedule_position = 0
-        self._stopped = False
-        self._set_weights(0)
-        self._stopped = self._on_exhausted == "stop" and bool(
-            np.any((self._f64[il.W] > 0) & self._exhausted_mask())
-        )
-        self._rebuild()
-
-    def _exhausted_mask(self) -> np.ndarray:
-        limits = self._i64[il.LIMIT]
-        return (limits >= 0) & (self._i64[il.POS] >= limits)
-
-    def _rebuild(self) -> None:
-        self._eligible, self._waiting, self._weight_sum = il.rebuild(
-            self._f64,
-            self._i64,
-            self._heaps,
-            self._table,
-            self._lane,
-            self._num_lanes,
-            self._seed & 0xFFFFFFFFFFFFFFFF,
-            self._flags,
-            self._vtime,
-        )
-
-    def _set_weights(self, position: int) -> None:
-        """The weights at schedule ``position`` into the weight row (no rebase)."""
-        self._schedule_position = position
-        if self._schedule is None:
-            self._f64[il.W] = self._vectors[0]
-            self._segment = 0
-        else:
-            self._f64[il.W] = self._schedule.weights_at(self._vectors, position)
-            self._segment = self._schedule.segment(position)
-
-    def _progress(self) -> int:
-        assert self._schedule is not None
-        return self._next_chunk_id if self._schedule.unit == "chunks" else self._lane_tokens
-
-    def _follow_schedule(self) -> None:
-        """Before a chunk: the weights at the lane's progress; if they changed, move the
-        interleave's origin (see :func:`~zephon.work_sources.interleave.rebase`)."""
-        schedule = self._schedule
-        assert schedule is not None
-        position = self._progress()
-        segment = schedule.segment(position)
-        last = segment == len(schedule.positions) - 1
-        if segment == self._segment and (schedule.interpolate == "step" or last):
-            return
-        new = schedule.weights_at(self._vectors, position)
-        if np.array_equal(new, self._f64[il.W]):
-            self._segment = segment
-            return
-        il.rebase(
-            self._f64, self._i64, self._heaps, self._eligible, self._waiting, self._vtime, new
-        )
-        self._vtime = 0.0
-        self._schedule_position = position
-        self._segment = segment
-        self._rebuild()
+        self._stream = MixtureLane(self._inputs, *validate_lane(lane, num_lanes))
 
     def for_lane(self, lane: int, num_lanes: int) -> StaticMixtureWorkSource:
         """A fresh source for ``lane`` of ``num_lanes`` sharing this one's datasets and
         parameters."""
-        lane, num_lanes = _validate_lane(lane, num_lanes)
+        lane, num_lanes = validate_lane(lane, num_lanes)
         new = copy.copy(self)
-        new._bind_lane(lane, num_lanes)
+        new._stream = MixtureLane(self._inputs, lane, num_lanes)
         return new
 
     def config(self) -> dict[str, Any]:
@@ -643,16 +279,16 @@ class StaticMixtureWorkSource:
 
     @property
     def lane(self) -> int:
-        return self._lane
+        return self._stream.lane
 
     @property
     def next_chunk_id(self) -> int:
         """The id of the chunk :meth:`next_chunk` returns next."""
-        return self._next_chunk_id
+        return self._stream.next_chunk_id
 
     @property
     def num_lanes(self) -> int:
-        return self._num_lanes
+        return self._stream.num_lanes
 
     @property
     def num_components(self) -> int:
@@ -661,17 +297,17 @@ class StaticMixtureWorkSource:
     @property
     def positions(self) -> tuple[int, ...]:
         """Samples of each component this lane has dealt."""
-        return tuple(self._i64[il.POS].tolist())
+        return self._stream.positions
 
     @property
     def tokens_dealt(self) -> tuple[int, ...]:
         """Tokens of each component this lane has dealt (0 where lengths are unknown)."""
-        return tuple(self._i64[il.TOK].tolist())
+        return self._stream.tokens_dealt
 
     @property
     def current_weights(self) -> tuple[float, ...]:
         """The weights the next chunk is dealt with (a schedule's, at the lane's progress)."""
-        return tuple(self._f64[il.W].tolist())
+        return self._stream.current_weights
 
     # ---------------------------------------------------------------------------- stream
 
@@ -679,53 +315,9 @@ class StaticMixtureWorkSource:
         """The lane's next chunk of up to ``chunk_size`` pointers, or None once it is
         exhausted (every component with a positive weight is, or with ``on_exhausted=
         "stop"`` one of them)."""
-        if self._stopped:
-            return None
-        if self._schedule is not None:
-            self._follow_schedule()
-        if self._eligible + self._waiting == 0:
-            return None
-        chunk_id = self._next_chunk_id
-        out = self._out
-        (
-            picked,
-            self._eligible,
-            self._waiting,
-            self._vtime,
-            self._weight_sum,
-            exhausted,
-            chunk_seed,
-        ) = il.picks(
-            self._f64,
-            self._i64,
-            self._heaps,
-            self._table,
-            out,
-            self._chunk_size,
-            self._eligible,
-            self._waiting,
-            self._vtime,
-            self._weight_sum,
-            self._lane,
-            self._num_lanes,
-            self._seed & 0xFFFFFFFFFFFFFFFF,
-            chunk_id,
-            self._flags,
-        )
-        if exhausted >= 0:
-            self._stopped = True
-        components = out[0, :picked].astype(np.int32)
-        if self._all_lengths:
-            self._lane_tokens += int(out[2, :picked].sum())
-        elif self._has_lengths:
-            self._lane_tokens += int(out[2, :picked][self._codes[components] != 0].sum())
-        self._next_chunk_id = chunk_id + 1
-        return WorkChunk(self._lane, chunk_id, components, out[1, :picked].copy(), chunk_seed)
+        return self._stream.next_chunk()
 
     # ----------------------------------------------------------------------------- state
-
-    def _received_base(self) -> np.ndarray:
-        return self._i64[il.TOK] if self._weight_unit == "tokens" else self._i64[il.POS]
 
     def state_dict(self) -> dict[str, Any]:
         """``{"version", "lane", "num_lanes", "next_chunk_id", "lane_tokens",
@@ -733,20 +325,7 @@ class StaticMixtureWorkSource:
         "stopped"}``: a few numbers, and per component packed bytes whose size does not grow with the progress
         (``received`` is stored as its difference from the samples or tokens dealt, zero
         until the weights first change; ``carry`` is empty until then)."""
-        return {
-            "version": STATE_VERSION,
-            "lane": self._lane,
-            "num_lanes": self._num_lanes,
-            "next_chunk_id": self._next_chunk_id,
-            "lane_tokens": self._lane_tokens,
-            "schedule_position": self._schedule_position,
-            "virtual_time": self._vtime,
-            "positions": pack_ints(self._i64[il.POS]),
-            "tokens": pack_ints(self._i64[il.TOK]),
-            "received": pack_ints(self._received_base() - self._i64[il.RECV]),
-            "carry": _pack_carry(self._f64[il.CARRY]),
-            "stopped": self._stopped,
-        }
+        return self._stream.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue exactly where the source that saved ``state`` stood. O(1) in the
@@ -757,95 +336,7 @@ class StaticMixtureWorkSource:
                 state for another lane / lane count / number of components, or values
                 inconsistent with this source's parameters.
         """
-        if not isinstance(state, Mapping):
-            raise CheckpointError(
-                f"StaticMixtureWorkSource state must be a dict; got {type(state).__name__}"
-            )
-        version = state.get("version")
-        if version != STATE_VERSION:
-            older = (
-                "; it was written by an earlier Zephon, which interleaved components by "
-                "smooth weighted round robin: resume it with that version"
-                if version == 1
-                else ""
-            )
-            raise CheckpointError(
-                f"unknown StaticMixtureWorkSource state version {version!r}; this Zephon "
-                f"reads version {STATE_VERSION}{older}"
-            )
-        missing = [k for k in _STATE_KEYS if k not in state]
-        extra = sorted(str(k) for k in state if k not in _STATE_KEYS)
-        if missing or extra:
-            raise CheckpointError(
-                f"StaticMixtureWorkSource state has missing keys {missing} and unknown keys "
-                f"{extra}; expected exactly {list(_STATE_KEYS)}"
-            )
-        lane, num_lanes = state["lane"], state["num_lanes"]
-        if type(lane) is not int or type(num_lanes) is not int:
-            raise CheckpointError(
-                f"state lane and num_lanes must be ints; got {lane!r} and {num_lanes!r}"
-            )
-        if lane != self._lane or num_lanes != self._num_lanes:
-            raise CheckpointError(
-                f"state belongs to lane {lane} of {num_lanes} but this source is lane "
-                f"{self._lane} of {self._num_lanes}; load it into for_lane({lane}, {num_lanes})"
-            )
-        k = self.num_components
-        next_chunk_id = _checked_count("next_chunk_id", state["next_chunk_id"])
-        lane_tokens = _checked_count("lane_tokens", state["lane_tokens"])
-        position = _checked_count("schedule_position", state["schedule_position"])
-        vtime = state["virtual_time"]
-        if not isinstance(vtime, float) or not math.isfinite(vtime):
-            raise CheckpointError(f"state virtual_time must be a finite float; got {vtime!r:.40}")
-        stopped = state["stopped"]
-        if not isinstance(stopped, bool):
-            raise CheckpointError(f"state stopped must be a bool; got {stopped!r:.40}")
-        positions = self._unpack(state["positions"], k, "positions")
-        tokens = self._unpack(state["tokens"], k, "tokens")
-        diff = self._unpack(state["received"], k, "received")
-        carry = _unpack_carry(state["carry"], k)
-        for name, array in (("positions", positions), ("tokens", tokens)):
-            if np.any(array < 0):
-                at = int(np.flatnonzero(array < 0)[0])
-                raise CheckpointError(
-                    f"state {name}[{at}] ({self._names[at]!r}) must be >= 0; got {int(array[at])}"
-                )
-        if self._schedule is not None:
-            progress = next_chunk_id if self._schedule.unit == "chunks" else lane_tokens
-            if position > progress:
-                raise CheckpointError(
-                    f"state schedule_position {position} is past the lane's progress "
-                    f"{progress} ({self._schedule.unit}); the state is inconsistent"
-                )
-        elif position != 0:
-            raise CheckpointError(
-                f"state schedule_position must be 0 without a Schedule; got {position}"
-            )
-        base = tokens if self._weight_unit == "tokens" else positions
-        received = base - diff
-        if np.any(received < 0):
-            at = int(np.flatnonzero(received < 0)[0])
-            raise CheckpointError(
-                f"state received[{at}] ({self._names[at]!r}) is negative "
-                f"({int(received[at])}); the state is inconsistent"
-            )
-        self._next_chunk_id = next_chunk_id
-        self._lane_tokens = lane_tokens
-        self._stopped = stopped
-        self._i64[il.POS] = positions
-        self._i64[il.TOK] = tokens
-        self._i64[il.RECV] = received
-        self._f64[il.CARRY] = carry
-        self._i64[il.NLEN] = -1
-        self._vtime = vtime
-        self._set_weights(position)
-        self._rebuild()
-
-    def _unpack(self, data: Any, k: int, what: str) -> np.ndarray:
-        try:
-            return unpack_ints(data, k, what)
-        except CheckpointError as e:
-            raise CheckpointError(f"{e} (this source has {k}: {list(self._names)[:8]})") from e
+        self._stream.load_state_dict(state)
 
     def remapped_state(
         self,
@@ -868,8 +359,8 @@ class StaticMixtureWorkSource:
         if not isinstance(state, Mapping):
             raise CheckpointError(f"work source state must be a dict; got {type(state).__name__}")
         count = len(old_names)
-        positions = self._unpack(state.get("positions"), count, "positions")
-        tokens = self._unpack(state.get("tokens"), count, "tokens")
+        positions = unpack_components(state.get("positions"), count, "positions", self._names)
+        tokens = unpack_components(state.get("tokens"), count, "tokens", self._names)
         new_pos = np.zeros(self.num_components, dtype=np.int64)
         new_tok = np.zeros(self.num_components, dtype=np.int64)
         index = {n: c for c, n in enumerate(old_names)}
@@ -877,24 +368,10 @@ class StaticMixtureWorkSource:
             if name in kept:
                 new_pos[c] = positions[index[kept[name]]]
                 new_tok[c] = tokens[index[kept[name]]]
-        next_chunk_id = _checked_count("next_chunk_id", state.get("next_chunk_id"))
-        lane_tokens = _checked_count("lane_tokens", state.get("lane_tokens"))
-        position = 0
-        if self._schedule is not None:
-            position = next_chunk_id if self._schedule.unit == "chunks" else lane_tokens
-        fresh = self.for_lane(self._lane, self._num_lanes)
-        fresh._i64[il.POS] = new_pos
-        fresh._i64[il.TOK] = new_tok
-        fresh._next_chunk_id = next_chunk_id
-        fresh._lane_tokens = lane_tokens
-        fresh._set_weights(position)
-        fresh._i64[il.RECV] = 0  # the interleave's origin: now
-        fresh._vtime = 0.0
-        weighted = fresh._f64[il.W] > 0
-        fresh._stopped = self._on_exhausted == "stop" and bool(
-            np.any(weighted & fresh._exhausted_mask())
-        )
-        return fresh.state_dict()
+        next_chunk_id = checked_count("next_chunk_id", state.get("next_chunk_id"))
+        lane_tokens = checked_count("lane_tokens", state.get("lane_tokens"))
+        fresh = MixtureLane(self._inputs, self._stream.lane, self._stream.num_lanes)
+        return fresh.restarted_state(new_pos, new_tok, next_chunk_id, lane_tokens)
 
     def __repr__(self) -> str:
         extra = ""
@@ -908,11 +385,5 @@ class StaticMixtureWorkSource:
             f"{type(self).__name__}(names={self._names}, lengths={self._lengths}, "
             f"weights={self._weights}, seed={self._seed}, shuffle={self._shuffle}, "
             f"chunk_size={self._chunk_size}, num_epochs={self._num_epochs}{extra}, "
-            f"lane={self._lane}, num_lanes={self._num_lanes})"
+            f"lane={self.lane}, num_lanes={self.num_lanes})"
         )
-
-
-def _checked_count(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise CheckpointError(f"state {name} must be a non-negative int; got {value!r}")
-    return value

@@ -119,16 +119,16 @@ def test_c_and_python_twins_agree_on_every_array(seed, k, unit, limited, stop) -
     same state."""
     native = random_lane(seed, k, unit, limited, stop)
     python = random_lane(seed, k, unit, limited, stop)
-    python._table.native = None  # this copy takes the Python path
+    python._inputs.table.native = None  # this copy takes the Python path
     for _ in range(40):
         a, b = native.next_chunk(), python.next_chunk()
         assert (a is None) == (b is None)
         if a is None:
             break
         assert a == b
-        assert np.array_equal(native._f64, python._f64)
-        assert np.array_equal(native._i64, python._i64)
-        assert np.array_equal(native._heaps, python._heaps)
+        assert np.array_equal(native._stream.f64, python._stream.f64)
+        assert np.array_equal(native._stream.i64, python._stream.i64)
+        assert np.array_equal(native._stream.heaps, python._stream.heaps)
         assert native.state_dict() == python.state_dict()
 
 
@@ -167,4 +167,4 @@ def test_length_table_pickles_and_rebuilds_its_native_side() -> None:
     )
     clone = pickle.loads(pickle.dumps(src))
     assert clone.next_chunk() == src.next_chunk()
-    assert (clone._table.native is None) == (NATIVE is None)
+    assert (clone._inputs.table.native is None) == (NATIVE is None)

@@ -22,7 +22,7 @@ from zephon.work_sources import (
     permute,
 )
 from zephon.work_sources.interleave import component_key
-from zephon.work_sources.static_mixture import pack_ints, unpack_ints
+from zephon.work_sources.lane_state import pack_ints, unpack_ints
 
 
 def make(lengths, weights=None, **kwargs) -> StaticMixtureWorkSource:
