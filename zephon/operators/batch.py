@@ -134,8 +134,17 @@ class Batch(LaneStateOperator):
         allocate: Allocator | None,
         extra: dict[str, tuple[tuple[int, ...], np.dtype]] | None = None,
     ) -> Any:
-        first = records[0].data
         n = len(records)
+        layout = _row_layout(records)
+        if layout is not None:  # each record writes itself into its row
+            spec = {name: ((n, *shape), dtype) for name, shape, dtype in layout}
+            if extra:
+                spec.update(extra)
+            out = (allocate or _default_allocate)(records[0].lane, spec)
+            for i, r in enumerate(records):
+                r.write_row({name: out[name][i] for name, _, _ in layout})
+            return out
+        first = records[0].data
         if isinstance(first, dict):
             spec = {}
             for k, v in first.items():
@@ -191,10 +200,24 @@ class Batch(LaneStateOperator):
         return f"Batch(batch_size={self.batch_size}, pad_last=True, pad_values={pads!r})"
 
 
+def _row_layout(records: list[Any]) -> list[tuple[str, tuple[int, ...], np.dtype]] | None:
+    """The records' common :meth:`~zephon.records.Record.row_layout`, or None."""
+    first = records[0].row_layout()
+    if first is None:
+        return None
+    for r in records[1:]:
+        if r.row_layout() != first:
+            return None
+    return first
+
+
 class _Padding:
     """A padding row where ``_stack_data`` expects a record."""
 
     __slots__ = ("data", "lane")
+
+    def row_layout(self) -> None:
+        return None
 
     def __init__(self, data: dict[str, np.ndarray], lane: int) -> None:
         self.data = data

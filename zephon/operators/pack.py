@@ -28,6 +28,7 @@ after a restore never is, and a piece whose arrays are lazy (see
 
 from __future__ import annotations
 
+import functools
 import heapq
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
@@ -43,6 +44,7 @@ from zephon.records import Contributor, LazyRecord, Record
 REPLACE_FIRST_TOKEN = "replace_first_token"
 #: ``order`` values: rows leave as they are emptied, or in the order of their first pieces.
 ORDERS = ("filled", "arrival")
+_INT32 = np.dtype(np.int32)
 _SCALARS = (bool, int, float, np.bool_, np.integer, np.floating)
 
 
@@ -74,6 +76,41 @@ class Bins:
         self.arrived = 0
         self.waiting: list[tuple[int, list[Piece]]] = []
         self.waiting_pieces = 0
+
+
+class PackedRow(LazyRecord):
+    """A row that ``pack`` emptied from a bin: assembled when its data is first read, or
+    written straight into a row of a batch's arrays (:meth:`write_row`) where C assembles
+    it (see :meth:`Pack.native_layout`)."""
+
+    __slots__ = ("_pack", "_pieces")
+
+    def __init__(
+        self,
+        pack: Pack,
+        pieces: list[Piece],
+        lane: int,
+        contributors: list[Contributor],
+        mix: dict[int, int],
+    ) -> None:
+        super().__init__(functools.partial(_assemble_row, pack, pieces), lane, contributors, mix)
+        self._pack, self._pieces = pack, pieces
+
+    def row_layout(self) -> list[tuple[str, tuple[int, ...], np.dtype]] | None:
+        if self.built:
+            return None
+        layout = self._pack.native_layout(self._pieces)
+        if layout is None:
+            return None
+        shape = (self._pack.seq_len,)
+        return [(name, shape, dtype) for name, dtype in layout]
+
+    def write_row(self, row: dict[str, np.ndarray]) -> None:
+        self._pack.write_native(self._pieces, row)
+
+
+def _assemble_row(pack: Pack, pieces: list[Piece], _: Any) -> dict[str, np.ndarray]:
+    return pack._assemble(pieces)
 
 
 class Pack(LaneStateOperator):
@@ -437,10 +474,7 @@ class Pack(LaneStateOperator):
             for comp, w in p.component_tokens.items():
                 mix[comp] = mix.get(comp, 0) + w
 
-        def build(_: Any) -> dict[str, np.ndarray]:
-            return self._assemble(held)
-
-        return LazyRecord(build, lane, contributors, mix)
+        return PackedRow(self, held, lane, contributors, mix)
 
     def _buffer(self, column: int, name: str, dtype: np.dtype, pad: Any) -> np.ndarray:
         """A row of ``dtype`` filled with ``pad`` (checked to fit ``dtype`` exactly)."""
@@ -506,38 +540,65 @@ class Pack(LaneStateOperator):
     def _assemble_native(self, pieces: list[Piece]) -> dict[str, np.ndarray] | None:
         """:meth:`_assemble` with each row made by ``zephon._pack.assemble_into`` (its
         pieces copied, the pad after them, segment ids and positions in one pass); None
-        where it does not apply: broadcast fields, a BOS id, a component feature, or pieces
-        whose arrays are not 1-D arrays of one dtype."""
+        where it does not apply (see :meth:`native_layout`)."""
+        layout = self.native_layout(pieces)
+        if layout is None:
+            return None
+        seq_len = self.seq_len
+        data = {name: np.empty(seq_len, dtype=dtype) for name, dtype in layout}
+        self.write_native(pieces, data)
+        return data
+
+    def native_layout(self, pieces: list[Piece]) -> list[tuple[str, np.dtype]] | None:
+        """The features of the row of ``pieces``, in order, with their dtypes (each
+        ``seq_len`` long), where C assembles the row; None where it does not: broadcast
+        fields, a BOS id, a component feature, or pieces whose arrays are not 1-D arrays of
+        one dtype (pieces placed by length make their tokens here)."""
         if self._n_arrays != len(self.columns) or self.bos_id is not None:
             return None
-        if self.component_feature is not None:
+        if self.component_feature is not None or _NATIVE is None:
             return None
+        layout = []
+        n_features = len(self.features)
+        ndarray = np.ndarray
+        for j, name in enumerate(self.columns):
+            if not pieces:
+                return None
+            first = pieces[0].arrays[j]
+            if type(first) is not ndarray:
+                return None
+            dtype = first.dtype
+            for p in pieces:
+                a = p.arrays[j]
+                if type(a) is not ndarray or a.dtype != dtype or a.ndim != 1:
+                    return None
+                if not a.flags.c_contiguous:
+                    return None
+            layout.append((name, dtype))
+            if j < n_features:
+                layout += [(name + "_segment_ids", _INT32), (name + "_positions", _INT32)]
+        return layout
+
+    def write_native(self, pieces: list[Piece], row: dict[str, np.ndarray]) -> None:
+        """Writes the row of ``pieces`` into ``row`` (an array of ``seq_len`` per name of
+        :meth:`native_layout`, which must not be None), in C."""
         native = _NATIVE
         assert native is not None
-        data = {}
-        seq_len, n_features = self.seq_len, len(self.features)
+        n_features = len(self.features)
         seg = pos = None
         for j, name in enumerate(self.columns):
             parts = [p.arrays[j] for p in pieces]
-            dtype = parts[0].dtype if parts and type(parts[0]) is np.ndarray else None
-            if dtype is None or not all(
-                type(a) is np.ndarray and a.dtype == dtype and a.ndim == 1 and a.flags.c_contiguous
-                for a in parts
-            ):
-                return None
-            pad = self._pad_item(j, name, dtype)
-            buf = data[name] = np.empty(seq_len, dtype=dtype)
-            if j < n_features and seg is None:
-                seg = np.empty(seq_len, dtype=np.int32)
-                pos = np.empty(seq_len, dtype=np.int32)
+            buf = row[name]
+            pad = self._pad_item(j, name, parts[0].dtype)
+            if j >= n_features:
+                native.assemble_into(parts, buf, pad, None, None)
+            elif seg is None:
+                seg, pos = row[name + "_segment_ids"], row[name + "_positions"]
                 native.assemble_into(parts, buf, pad, seg, pos)
-                data[name + "_segment_ids"], data[name + "_positions"] = seg, pos
             else:
                 native.assemble_into(parts, buf, pad, None, None)
-                if j < n_features:
-                    data[name + "_segment_ids"] = seg.copy()  # type: ignore[union-attr]
-                    data[name + "_positions"] = pos.copy()  # type: ignore[union-attr]
-        return data
+                row[name + "_segment_ids"][...] = seg
+                row[name + "_positions"][...] = pos
 
     def _pad_item(self, column: int, name: str, dtype: np.dtype) -> bytes:
         """The bytes of one ``dtype`` item of ``column``'s pad value (checked to fit)."""

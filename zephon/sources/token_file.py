@@ -132,24 +132,27 @@ class TokenFileSource:
 
     def read(self, indices: Sequence[int]) -> list[dict[str, np.ndarray]]:
         """Documents at `indices`, in that order (a URL's as concurrent range reads)."""
-        n = len(self)
-        checked = [check_index("TokenFileSource", i, n) for i in indices]
-        spans = [self._span(i) for i in checked]
-        out: list[dict[str, np.ndarray]] = [{} for _ in checked]
+        files, lo, hi = self._spans(indices)
+        los, his = lo.tolist(), hi.tolist()
+        out: list[dict[str, np.ndarray]] = [{} for _ in los]
         remote = []
-        for k, (f, lo, hi) in enumerate(spans):
+        int32 = np.int32
+        for f in np.unique(files).tolist() if len(self._paths) > 1 else (0,):
+            where = range(len(los)) if len(self._paths) == 1 else np.flatnonzero(files == f)
             if is_url(self._paths[f]):
-                remote.append(k)
-            else:
-                out[k] = {"tokens": np.array(self._mapped(f)[lo:hi], np.int32)}
+                remote.extend(where)
+                continue
+            tokens = self._mapped(f)
+            for k in where:
+                out[k] = {"tokens": tokens[los[k] : his[k]].astype(int32)}
         if remote:
+            remote.sort()
             size = self._dtype.itemsize
-            ranges = [
-                (self._paths[spans[k][0]], spans[k][1] * size, spans[k][2] * size) for k in remote
-            ]
+            paths = self._paths
+            ranges = [(paths[files[k]], los[k] * size, his[k] * size) for k in remote]
             raw = read_ranges("TokenFileSource", ranges, self._storage_options, self._timeout_s)
             for k, data in zip(remote, raw, strict=True):
-                out[k] = {"tokens": np.frombuffer(data, self._dtype).astype(np.int32)}
+                out[k] = {"tokens": np.frombuffer(data, self._dtype).astype(int32)}
         return out
 
     def token_offsets(self) -> np.ndarray:
@@ -217,12 +220,29 @@ class TokenFileSource:
             return self._bounds_one
         return self._index.array(f)
 
-    def _span(self, i: int) -> tuple[int, int, int]:
-        """``(file, first token, end token)`` of document ``i``."""
-        f = int(np.searchsorted(self._file_starts, i, side="right")) - 1
-        j = i - int(self._file_starts[f])
-        bounds = self._bounds(f)
-        return f, int(bounds[j]), int(bounds[j + 1])
+    def _spans(self, indices: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(file, first token, end token)`` of each of documents ``indices``, as arrays."""
+        n = len(self)
+        idx = np.asarray(indices)
+        if (
+            idx.dtype.kind not in "iu"
+            or idx.ndim != 1
+            or (idx.size and not 0 <= idx.min() <= idx.max() < n)
+        ):
+            # Something not a flat list of ints in range: say which, one at a time.
+            idx = np.array([check_index("TokenFileSource", i, n) for i in indices], np.int64)
+        idx = idx.astype(np.int64, copy=False)
+        if len(self._paths) == 1:
+            bounds = self._bounds(0)
+            return np.zeros(len(idx), np.int64), bounds[idx], bounds[idx + 1]
+        files = np.searchsorted(self._file_starts, idx, side="right") - 1
+        j = idx - self._file_starts[files]
+        lo, hi = np.empty_like(idx), np.empty_like(idx)
+        for f in np.unique(files).tolist():
+            at = files == f
+            bounds = self._bounds(f)
+            lo[at], hi[at] = bounds[j[at]], bounds[j[at] + 1]
+        return files, lo, hi
 
     def _mapped(self, f: int) -> np.ndarray:
         tokens = self._tokens[f]
