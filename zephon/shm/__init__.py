@@ -10,24 +10,22 @@ accordingly.
 """
 
 from zephon.shm.fds import recv_fds, send_fds
-from zephon.shm.ring import (
+from zephon.shm.frame import (
     FRAME_NBYTES,
-    IMPLEMENTATION,
     PAYLOAD_PHASE,
     PHASED_ARRAY_MIN_BYTES,
-    Message,
-    RingClosedError,
-    ShmRing,
-    SlotWriter,
     message_nbytes,
     plan_layout,
 )
+from zephon.shm.message import Message
+from zephon.shm.ring import IMPLEMENTATION, RingClosedError, ShmRing
 from zephon.shm.segment import (
     Segment,
     attach_segment,
     available_memory_bytes,
     create_segment,
 )
+from zephon.shm.writer import SlotWriter
 
 __all__ = [
     "FRAME_NBYTES",

@@ -12,31 +12,20 @@ and ``zephon.shm.pyring`` (pure Python, polling), picked once at import:
 ``IMPLEMENTATION`` says which is active. Both return status codes, which
 ``_raise_for_status`` below turns into exceptions — the one place that does.
 
-Slot framing (all offsets from the slot's first byte, little-endian)::
-
-    0   frame header  <4sHHIIQQ: b"ZMSG", version, flags, narrays,
-                      descriptors_nbytes, trailer_offset, meta_nbytes
-    64+ arrays        64-byte aligned; arrays of PHASED_ARRAY_MIN_BYTES or more
-                      start at an offset = PAYLOAD_PHASE (2048) mod 4096, so
-                      copying them out dodges 4 KiB aliasing (native/ring.h)
-    trailer           msgpack([[dtype.str, shape, offset], ...]) then the meta
-                      bytes; in the gap before the first array when it fits,
-                      else after the last array
-
-A committed length of 0 marks a slot the producer gave up (``abort``); the
-consumer skips it.
+What a slot holds is the message frame (``zephon.shm.frame``); the producer writes it
+through a ``SlotWriter`` (``zephon.shm.writer``), the consumer gets a ``Message`` that
+holds the slot until it is released (``zephon.shm.message``). A committed length of 0
+marks a slot the producer gave up (``abort``); the consumer skips it.
 """
 
 from __future__ import annotations
 
-import ctypes
-import math
 import os
 import struct
 import time
 from collections.abc import Sequence
 from types import ModuleType
-from typing import Any, NamedTuple, NoReturn
+from typing import NoReturn
 
 import msgpack
 import numpy as np
@@ -44,7 +33,20 @@ import numpy as np
 from zephon._native import load
 from zephon.errors import RingError
 from zephon.shm import pyring
+from zephon.shm.frame import (
+    _FRAME,
+    _FRAME_MAGIC,
+    _FRAME_VERSION,
+    _LAYOUT_CACHE_MAX,
+    SLOT_ALIGN,
+    _decode,
+    _Layout,
+    _round_up,
+    message_nbytes,
+)
+from zephon.shm.message import Message, _Lease, _pinned_memory
 from zephon.shm.segment import Segment, attach_segment, create_segment
+from zephon.shm.writer import SlotWriter
 
 
 def _select_core() -> tuple[ModuleType, str]:
@@ -53,16 +55,6 @@ def _select_core() -> tuple[ModuleType, str]:
 
 
 _core, IMPLEMENTATION = _select_core()
-
-SLOT_ALIGN = pyring.SLOT_ALIGN
-PAYLOAD_PHASE = pyring.PAYLOAD_PHASE
-ARRAY_ALIGN = 64
-PHASED_ARRAY_MIN_BYTES = 16 * 1024  # below this a copy is too short to care about aliasing
-_FRAME = struct.Struct("<4sHHIIQQ")
-_FRAME_MAGIC = b"ZMSG"
-_FRAME_VERSION = 1
-FRAME_NBYTES = _FRAME.size
-_FIRST_ARRAY_OFFSET = ARRAY_ALIGN  # the frame header rounded up to the array alignment
 
 
 class RingClosedError(RingError, EOFError):
@@ -113,380 +105,6 @@ def _timeout_ns(timeout_s: float | None) -> int:
     if not timeout_s >= 0:
         raise ValueError(f"timeout_s must be >= 0 or None (wait forever); got {timeout_s}")
     return int(timeout_s * 1e9)
-
-
-def _round_up(value: int, align: int) -> int:
-    return -(-value // align) * align
-
-
-def _place(cursor: int, nbytes: int) -> int:
-    offset = _round_up(cursor, ARRAY_ALIGN)
-    if nbytes >= PHASED_ARRAY_MIN_BYTES:
-        offset += (PAYLOAD_PHASE - offset) % SLOT_ALIGN
-    return offset
-
-
-def plan_layout(array_nbytes: Sequence[int]) -> tuple[int, ...]:
-    """Slot offsets for arrays of these sizes, in order, as ``SlotWriter.array`` places them.
-
-    Every offset is 64-byte aligned; arrays of ``PHASED_ARRAY_MIN_BYTES`` or more start
-    at ``PAYLOAD_PHASE`` modulo 4096. The metadata does not move the arrays: it goes
-    in the gap in front of the first array when it fits, after the last one otherwise.
-    """
-    offsets = []
-    cursor = _FIRST_ARRAY_OFFSET
-    for nbytes in array_nbytes:
-        if nbytes < 0:
-            raise ValueError(f"array sizes must be >= 0 bytes; got {nbytes}")
-        offset = _place(cursor, nbytes)
-        offsets.append(offset)
-        cursor = offset + nbytes
-    return tuple(offsets)
-
-
-_CHECKED_DTYPES: dict[Any, np.dtype] = {}
-
-
-def _checked_dtype(dtype: Any) -> np.dtype:
-    try:
-        return _CHECKED_DTYPES[dtype]
-    except (KeyError, TypeError):  # TypeError: an unhashable dtype-like
-        pass
-    dt = np.dtype(dtype)
-    if dt.hasobject or dt.fields is not None or dt.subdtype is not None:
-        raise ValueError(
-            f"ring messages carry plain numeric/bool/bytes arrays; dtype {dt!r} holds "
-            f"objects or fields (convert it, or put such data in the msgpack metadata)"
-        )
-    if len(_CHECKED_DTYPES) < 256:
-        try:
-            _CHECKED_DTYPES[dtype] = dt
-        except TypeError:
-            pass
-    return dt
-
-
-def _checked_shape(shape: int | Sequence[int]) -> tuple[int, ...]:
-    if type(shape) is tuple and all(type(d) is int and d >= 0 for d in shape):
-        return shape  # the common case, already a tuple of non-negative ints
-    dims = (shape,) if isinstance(shape, int | np.integer) else tuple(shape)
-    out = tuple(int(d) for d in dims)
-    if any(d < 0 for d in out):
-        raise ValueError(f"array shape must have dimensions >= 0; got {out}")
-    return out
-
-
-class _Trailer(NamedTuple):
-    descriptors: bytes
-    offset: int
-    end: int  # bytes the message occupies in the slot
-
-
-class _Encoded(NamedTuple):
-    """A message's array descriptors, packed once per layout (batches repeat theirs)."""
-
-    descriptors: bytes
-    first: int | None  # offset of the first array
-    arrays_end: int
-
-
-_ArraySpec = tuple[np.dtype, tuple[int, ...], int, int]  # dtype, shape, offset, nbytes
-_ENCODED: dict[tuple[_ArraySpec, ...], _Encoded] = {}
-_LAYOUT_CACHE_MAX = 64  # distinct layouts kept per process / per ring
-
-
-def _encode(arrays: tuple[_ArraySpec, ...]) -> _Encoded:
-    enc = _ENCODED.get(arrays)
-    if enc is None:
-        enc = _Encoded(
-            msgpack.packb([[d.str, list(s), o] for d, s, o, _ in arrays], use_bin_type=True),
-            min((o for _, _, o, _ in arrays), default=None),
-            max((o + n for _, _, o, n in arrays), default=FRAME_NBYTES),
-        )
-        if len(_ENCODED) >= _LAYOUT_CACHE_MAX:
-            _ENCODED.clear()
-        _ENCODED[arrays] = enc
-    return enc
-
-
-def _plan_trailer(arrays: Sequence[_ArraySpec], meta_nbytes: int) -> _Trailer:
-    descriptors, first, arrays_end = _encode(tuple(arrays))
-    trailer_nbytes = len(descriptors) + meta_nbytes
-    if first is None or FRAME_NBYTES + trailer_nbytes <= first:
-        offset = FRAME_NBYTES
-    else:
-        offset = _round_up(arrays_end, 8)
-    return _Trailer(descriptors, offset, max(arrays_end, offset + trailer_nbytes))
-
-
-class _Layout(NamedTuple):
-    """Parsed and checked descriptors: (dtype, shape, offset) per array, and their end."""
-
-    arrays: tuple[tuple[np.dtype, tuple[int, ...], int], ...]
-    end: int
-
-
-def _decode(descriptors: bytes, narrays: int) -> _Layout:
-    items = msgpack.unpackb(descriptors, use_list=True)
-    if not isinstance(items, list) or len(items) != narrays:
-        raise ValueError(f"expected {narrays} array descriptors")
-    arrays = []
-    end = FRAME_NBYTES
-    for dtype_str, shape, offset in items:
-        dt = _checked_dtype(dtype_str)
-        dims = _checked_shape(shape)
-        if not isinstance(offset, int) or offset < FRAME_NBYTES:
-            raise ValueError(f"array {dtype_str}{dims} has a bad offset {offset!r}")
-        arrays.append((dt, dims, offset))
-        end = max(end, offset + math.prod(dims) * dt.itemsize)
-    return _Layout(tuple(arrays), end)
-
-
-def message_nbytes(meta_nbytes: int, arrays: Sequence[np.ndarray]) -> int:
-    """Bytes a message of ``meta_nbytes`` of metadata and these arrays takes in a slot.
-
-    Useful to size ``slot_bytes``: ``ShmRing.create(nslots, message_nbytes(...))``.
-    """
-    specs = [(_checked_dtype(a.dtype), tuple(a.shape), 0, a.nbytes) for a in arrays]
-    offsets = plan_layout([n for *_, n in specs])
-    placed = [(d, s, o, n) for (d, s, _, n), o in zip(specs, offsets, strict=True)]
-    return _plan_trailer(placed, meta_nbytes).end
-
-
-def _pinned_memory(view: memoryview, offset: int, nbytes: int) -> Any:
-    """A buffer over part of the mapping that numpy arrays can keep alive.
-
-    ``np.ndarray(buffer=...)`` keeps a reference to its buffer object but not the
-    export; a ctypes array made with ``from_buffer`` holds the export, so the mmap
-    cannot be unmapped under a live view (``mmap.close`` raises BufferError and
-    the mapping goes when the last view does). It also takes attributes, which
-    the consumer uses to hang the slot lease on every view of a message."""
-    return (ctypes.c_uint8 * nbytes).from_buffer(view, offset)
-
-
-class _Lease:
-    """Holds a consumer slot; hands it back on ``release()`` or when garbage collected
-    (that is, when the Message and every array view of it are gone)."""
-
-    __slots__ = ("_ring", "slot")
-
-    def __init__(self, ring: ShmRing | None, slot: int) -> None:
-        self._ring = ring
-        self.slot = slot
-
-    @property
-    def held(self) -> bool:
-        return self._ring is not None
-
-    def release(self) -> None:
-        ring, self._ring = self._ring, None
-        if ring is not None:
-            ring._release_slot(self.slot)
-
-    def __del__(self) -> None:
-        try:
-            self.release()
-        except Exception:  # noqa: BLE001 - best effort at garbage collection
-            pass
-
-
-class Message:
-    """A message received from the ring.
-
-    Attributes:
-        meta: the metadata bytes (a copy: safe to keep).
-        arrays: numpy arrays; with ``zero_copy=True`` views into the slot, valid until
-            ``release()`` (dropping the Message and every view also releases it).
-        nbytes: bytes the message occupied in its slot.
-    """
-
-    __slots__ = ("meta", "arrays", "nbytes", "_lease")
-
-    def __init__(self, meta: bytes, arrays: list[np.ndarray], nbytes: int, lease: _Lease) -> None:
-        self.meta = meta
-        self.arrays = arrays
-        self.nbytes = nbytes
-        self._lease = lease
-
-    @property
-    def released(self) -> bool:
-        return not self._lease.held
-
-    def release(self) -> None:
-        """Hands the slot back to the producer; zero-copy arrays must not be used after."""
-        self._lease.release()
-
-    def __enter__(self) -> Message:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
-
-    def __repr__(self) -> str:
-        arrays = ", ".join(f"{a.dtype}{list(a.shape)}" for a in self.arrays)
-        return (
-            f"Message(meta={len(self.meta)} B, arrays=[{arrays}], nbytes={self.nbytes}, "
-            f"released={self.released})"
-        )
-
-
-class SlotWriter:
-    """A reserved slot: allocate arrays in it, fill them in place, then ``commit(meta)``.
-
-    Example::
-
-        with ring.reserve(timeout_s=5) as slot:
-            tokens = slot.array((batch, seq_len), np.int32)
-            np.stack(rows, out=tokens)
-            slot.commit(msgpack.packb(meta))
-
-    Leaving the ``with`` block without committing aborts the slot (the consumer
-    skips it); leaving it normally without committing also raises RingError.
-    """
-
-    __slots__ = ("_ring", "index", "capacity", "_memory", "_arrays", "_cursor", "_done")
-
-    def __init__(self, ring: ShmRing, index: int, memory: Any) -> None:
-        self._ring = ring
-        self.index = index
-        self.capacity = len(memory)
-        self._memory = memory
-        self._arrays: list[_ArraySpec] = []
-        self._cursor = _FIRST_ARRAY_OFFSET
-        self._done = False
-
-    @property
-    def done(self) -> bool:
-        """Whether the slot was committed or aborted."""
-        return self._done
-
-    @property
-    def buffer(self) -> memoryview:
-        """The whole slot as a writable byte memoryview (the first FRAME_NBYTES bytes
-        and the trailer are overwritten by ``commit``)."""
-        self._check_open()
-        return self._memory[:]
-
-    def array(
-        self, shape: int | Sequence[int], dtype: Any, *, offset: int | None = None
-    ) -> np.ndarray:
-        """Allocates an array in the slot and returns a writable view to fill in place.
-
-        Args:
-            shape: the array shape.
-            dtype: a plain numpy dtype (no objects, no fields).
-            offset: slot offset (a multiple of 64, e.g. from ``plan_layout``); by default
-                the next free offset, placed as ``plan_layout`` does.
-
-        Raises:
-            ValueError: the array does not fit in the slot, or overlaps another one.
-        """
-        self._check_open()
-        dt = _checked_dtype(dtype)
-        dims = _checked_shape(shape)
-        nbytes = math.prod(dims) * dt.itemsize
-        if offset is None:
-            offset = _place(self._cursor, nbytes)
-        else:
-            offset = int(offset)
-            if offset < _FIRST_ARRAY_OFFSET or offset % ARRAY_ALIGN:
-                raise ValueError(
-                    f"array offset must be a multiple of {ARRAY_ALIGN} and >= "
-                    f"{_FIRST_ARRAY_OFFSET} (the frame header comes first); got {offset}"
-                )
-            for d, s, o, n in self._arrays:
-                if offset < o + n and o < offset + nbytes:
-                    raise ValueError(
-                        f"array of {nbytes} bytes at slot offset {offset} overlaps the "
-                        f"{d}{list(s)} array at [{o}, {o + n})"
-                    )
-        end = offset + nbytes
-        if end > self.capacity:
-            raise ValueError(
-                f"array {dt.str}{list(dims)} of {nbytes} bytes at slot offset {offset} needs "
-                f"{end} bytes but ring {self._ring.name!r} slots hold {self.capacity} bytes; "
-                f"raise slot_bytes when creating the ring"
-            )
-        self._arrays.append((dt, dims, offset, nbytes))
-        self._cursor = max(self._cursor, end)
-        return np.ndarray(dims, dt, buffer=self._memory, offset=offset)
-
-    def commit(self, meta: bytes | bytearray | memoryview = b"") -> int:
-        """Writes the framing and the metadata and publishes the slot.
-
-        Returns:
-            The bytes the message occupies in the slot.
-
-        Raises:
-            ValueError: the metadata does not fit (the slot stays reserved: ``abort()``).
-        """
-        self._check_open()
-        meta_view = meta if type(meta) is bytes else memoryview(meta).cast("B")
-        meta_nbytes = len(meta_view)
-        trailer = _plan_trailer(self._arrays, meta_nbytes)
-        if trailer.end > self.capacity:
-            arrays_nbytes = sum(n for *_, n in self._arrays)
-            raise ValueError(
-                f"message needs {trailer.end} bytes (metadata {meta_nbytes} B, "
-                f"{len(self._arrays)} arrays {arrays_nbytes} B, framing) but ring "
-                f"{self._ring.name!r} slots hold {self.capacity} bytes; raise slot_bytes "
-                f"to at least {trailer.end} when creating the ring"
-            )
-        slot = self._memory
-        start = trailer.offset
-        mid = start + len(trailer.descriptors)
-        slot[start:mid] = trailer.descriptors
-        slot[mid : mid + meta_nbytes] = meta_view
-        _FRAME.pack_into(
-            slot,
-            0,
-            _FRAME_MAGIC,
-            _FRAME_VERSION,
-            0,
-            len(self._arrays),
-            len(trailer.descriptors),
-            trailer.offset,
-            meta_nbytes,
-        )
-        self._ring._commit_slot(self.index, trailer.end)
-        self._done = True
-        return trailer.end
-
-    def abort(self) -> None:
-        """Gives the slot up: it is published empty and the consumer skips it."""
-        if self._done:
-            return
-        self._done = True
-        self._ring._commit_slot(self.index, 0)
-
-    def __del__(self) -> None:
-        # A slot dropped without commit would stall the ring for good: give it up.
-        try:
-            self.abort()
-        except Exception:  # noqa: BLE001 - best effort at garbage collection
-            pass
-
-    def _check_open(self) -> None:
-        if self._done:
-            raise RingError(f"slot {self.index} was already committed or aborted")
-
-    def __enter__(self) -> SlotWriter:
-        return self
-
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        if self._done:
-            return
-        self.abort()
-        if exc_type is None:
-            raise RingError(
-                f"slot {self.index} of ring {self._ring.name!r} was reserved but never "
-                f"committed; call slot.commit(meta) inside the with block (it was aborted)"
-            )
-
-    def __repr__(self) -> str:
-        return (
-            f"SlotWriter(index={self.index}, capacity={self.capacity}, arrays={len(self._arrays)})"
-        )
 
 
 class ShmRing:
@@ -802,15 +420,4 @@ class ShmRing:
 
 _PRIVATE = object()
 
-__all__ = [
-    "FRAME_NBYTES",
-    "IMPLEMENTATION",
-    "PAYLOAD_PHASE",
-    "PHASED_ARRAY_MIN_BYTES",
-    "Message",
-    "RingClosedError",
-    "ShmRing",
-    "SlotWriter",
-    "message_nbytes",
-    "plan_layout",
-]
+__all__ = ["IMPLEMENTATION", "RingClosedError", "ShmRing"]
