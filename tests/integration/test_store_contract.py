@@ -211,7 +211,7 @@ def test_etcd_keep_alive_key_vanishes_within_ttl_after_the_holder_is_killed(etcd
 
 def _keys(store) -> list[bytes]:
     """Every key under the store's namespace, namespace stripped (test-only listing)."""
-    from zephon.checkpoint.stores.etcd import _b64, _prefix_end, _unb64
+    from zephon.checkpoint.stores.etcd.gateway import _b64, _prefix_end, _unb64
 
     prefix = store.namespace.encode()
     result = store._call(
