@@ -60,17 +60,34 @@ STATE_KEYS = (
 # when the values have similar magnitudes.
 
 
+#: Up to this many components :func:`pack_ints` works on Python ints: numpy's calls on a
+#: tiny array cost more than the work (a rank of thousands of lanes packs three per lane).
+_FEW = 8
+
+
 def pack_ints(values: np.ndarray) -> bytes:
     """Per-component ints as bytes (see above)."""
-    if not values.size or not values.any():
+    if values.size <= _FEW:
+        ints = values.tolist()
+        if not any(ints):
+            return b"\x00"
+        width = _width(min(ints), max(ints))
+        raw = [v.to_bytes(width, "little", signed=True) for v in ints]
+        return bytes([width, *(r[b] for b in range(width) for r in raw)])
+    if not values.any():
         return b"\x00"
-    lo, hi = int(values.min()), int(values.max())
-    for width in (1, 2, 4, 8):
-        bound = 1 << (8 * width - 1)
-        if -bound <= lo and hi < bound:
-            break
+    width = _width(int(values.min()), int(values.max()))
     planes = values.astype(f"<i{width}").view(np.uint8).reshape(-1, width).T
     return bytes([width]) + planes.tobytes()
+
+
+def _width(lo: int, hi: int) -> int:
+    """The fewest bytes (1, 2, 4 or 8) of a signed int holding ``lo`` and ``hi``."""
+    for width in (1, 2, 4):
+        bound = 1 << (8 * width - 1)
+        if -bound <= lo and hi < bound:
+            return width
+    return 8
 
 
 def unpack_ints(data: Any, count: int, what: str) -> np.ndarray:

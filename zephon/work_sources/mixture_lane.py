@@ -123,6 +123,7 @@ class MixtureLane:
         self._lane_tokens = 0
         self._schedule_position = 0
         self._stopped = False
+        self._state: dict[str, Any] | None = None  # state_dict() until the lane changes
         self._set_weights(0)
         self._stopped = inputs.stop_on_exhausted and bool(
             np.any((self.f64[il.W] > 0) & self._exhausted_mask())
@@ -150,6 +151,7 @@ class MixtureLane:
     def _set_weights(self, position: int) -> None:
         """The weights at schedule ``position`` into the weight row (no rebase)."""
         schedule = self.inputs.schedule
+        self._state = None
         self._schedule_position = position
         if schedule is None:
             self.f64[il.W] = self.inputs.vectors[0]
@@ -187,6 +189,7 @@ class MixtureLane:
     def next_chunk(self) -> WorkChunk | None:
         """The lane's next chunk, or None once it is exhausted (see
         :meth:`~zephon.StaticMixtureWorkSource.next_chunk`)."""
+        self._state = None
         if self._stopped:
             return None
         inputs = self.inputs
@@ -237,7 +240,14 @@ class MixtureLane:
         return self.i64[il.TOK] if self.inputs.token_units else self.i64[il.POS]
 
     def state_dict(self) -> dict[str, Any]:
-        """The lane's state (see :mod:`zephon.work_sources.lane_state`)."""
+        """The lane's state (see :mod:`zephon.work_sources.lane_state`). Shared with later
+        calls until the lane deals a chunk or is loaded: read it, never change it in
+        place (a rank of thousands of lanes checkpoints only the lanes that moved)."""
+        if self._state is None:
+            self._state = self._make_state()
+        return self._state
+
+    def _make_state(self) -> dict[str, Any]:
         return {
             "version": STATE_VERSION,
             "lane": self.lane,
@@ -257,6 +267,7 @@ class MixtureLane:
         """Continue exactly where the lane that saved ``state`` stood (checked by
         :func:`~zephon.work_sources.lane_state.read_state`)."""
         inputs = self.inputs
+        self._state = None
         saved = read_state(
             state, self.lane, self.num_lanes, inputs.names, inputs.schedule, inputs.token_units
         )
@@ -283,6 +294,7 @@ class MixtureLane:
         component and the lane's progress, with the interleave's origin there: the state
         :meth:`~zephon.StaticMixtureWorkSource.remapped_state` returns. Leaves this lane to
         be dropped (its heaps are not rebuilt)."""
+        self._state = None
         self.i64[il.POS] = positions
         self.i64[il.TOK] = tokens
         self.next_chunk_id = next_chunk_id
