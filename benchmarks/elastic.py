@@ -7,7 +7,7 @@ Zephon (the LM workload with ``.shuffle(64)``, 8 lanes, ``flush_every_k_chunks=4
   pipelines with 1 and 3 workers, which run T more batches;
 * 4 ranks (simulated in this process one after another, as ``tests/integration/
   test_elastic.py`` does) run an uneven number of batches each, their checkpoints are merged
-  with ``zephon.pipeline.merge_states``, and the merged state is restored into 2 ranks - in
+  with ``zephon.checkpoint.state.merge_states``, and the merged state is restored into 2 ranks - in
   ``interleave`` output (each rank yields its lanes' batches round-robin) and in ``lockstep``
   output (the global batch of a step is the ranks' batches concatenated; it must equal a
   1-rank run's).

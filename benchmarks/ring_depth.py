@@ -31,7 +31,7 @@ from benchmarks.common import (
 )
 from benchmarks.workload import SyntheticDocs, pregenerate
 from benchmarks.zephon_lm import zephon_lm_pipeline
-from zephon.pipeline import DEFAULT_RING_SLOTS
+from zephon.options import DEFAULT_RING_SLOTS
 
 DEFAULT_PREFETCH = 0  # Pipeline's default with workers (prefetch=None)
 

@@ -12,7 +12,7 @@ A rank's state has the shape of :meth:`Pipeline.local_checkpoint` (format, finge
 topology, round-robin position) with lane states shaped like a real pipeline's
 (:func:`lane_state`: what ``tests/integration/corpus.lm_pipeline`` with ``chunk_size=64``
 holds per lane after a few hundred batches, about 1.8 KB of msgpack and 0.8 KB compressed),
-and the leader merges with the real :func:`zephon.pipeline.merge_states`. Every round starts on all ranks at one instant
+and the leader merges with the real :func:`zephon.checkpoint.state.merge_states`. Every round starts on all ranks at one instant
 (``CLOCK_MONOTONIC`` is shared by the processes of one machine); its latency is from that
 instant to the last rank's return. Per round it also counts, from each rank's store
 object, the requests it sent and the value bytes it read (``Aggregator.last_round``):

@@ -1,4 +1,6 @@
-"""Stable descriptions of user callables for the pipeline fingerprint.
+"""The pipeline fingerprint: the digest a checkpoint must match (:func:`pipeline_fingerprints`),
+its part map (what a mismatch names, :func:`fingerprint_parts`, :func:`describe_differences`)
+and stable descriptions of user callables for both.
 
 ``repr`` of a lambda contains its address, which changes every run; the fingerprint must
 not. We describe a function by where it lives and a hash of its bytecode and constants
@@ -10,7 +12,10 @@ from __future__ import annotations
 import hashlib
 import json
 import types
+from collections.abc import Sequence
 from typing import Any
+
+import msgpack
 
 
 def _code_digest(code: types.CodeType, h: Any) -> None:
@@ -60,6 +65,42 @@ def describe_callable(fn: Any) -> str:
             h.update(b"<empty>")
     name = f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', '?')}"
     return f"{name}#{h.hexdigest()[:16]}"
+
+
+# ------------------------------------------------------------------ the fingerprint
+
+
+def pipeline_fingerprints(
+    source: Any, canonical_replicas: int, flush_every_k_chunks: int, ops: Sequence[Any]
+) -> tuple[str, dict[str, str], str]:
+    """(fingerprint, parts, legacy fingerprint) of a pipeline definition: a hash of the work
+    source's config (with every dataset's content identity), the operators and their
+    parameters, ``canonical_replicas`` and the flush cadence; the same part by part (see
+    :func:`fingerprint_parts`); and what checkpoints without a part map hold (the hash
+    without content identities)."""
+    config = source.config() if callable(getattr(source, "config", None)) else repr(type(source))
+    legacy_config = (
+        {k: v for k, v in config.items() if k != "identities"}
+        if isinstance(config, dict)
+        else config
+    )
+    descriptions = [op.fingerprint() for op in ops]
+    k = flush_every_k_chunks
+    return (
+        _digest(config, canonical_replicas, k, descriptions),
+        fingerprint_parts(config, canonical_replicas, k, ops),
+        _digest(legacy_config, canonical_replicas, k, descriptions),
+    )
+
+
+def _digest(config: Any, canonical_replicas: int, k: int, ops: list[str]) -> str:
+    desc = {
+        "source": config,
+        "canonical_replicas": canonical_replicas,
+        "flush_every_k_chunks": k,
+        "ops": ops,
+    }
+    return hashlib.sha256(msgpack.packb(desc, use_bin_type=True, default=repr)).hexdigest()
 
 
 # ------------------------------------------------------------------ fingerprint parts

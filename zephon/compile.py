@@ -18,9 +18,11 @@ the replay filter lets know which lanes are replaying. ``explain()`` prints exac
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from zephon.operators.base import Operator
+from zephon.operators.base import Operator, PipelineContext
 from zephon.operators.batch import Batch
 from zephon.operators.fetch import Fetch
 from zephon.replay import ReplayFilter
@@ -168,6 +170,41 @@ def compile_plan(
         padding=padding,
         readers=tuple(i for i, op in enumerate(full) if isinstance(op, Fetch)),
     )
+
+
+def compile_pipeline(
+    ops: Sequence[Operator],
+    source: Any,
+    *,
+    flush_every_k_chunks: int | None,
+    workers: int,
+    prefetch: int,
+    ring_slots: int,
+    seed: int | None,
+) -> Plan:
+    """The plan of a pipeline's operators (fresh copies of ``ops``) over the work source
+    ``source``, every operator bound to the source's context: its datasets, weights and
+    names, and ``seed`` (None: the source's)."""
+    if not ops:
+        raise ValueError("the pipeline has no operators; add at least .fetch()")
+    plan = compile_plan(
+        [op.fresh() for op in ops],
+        flush_every_k_chunks=flush_every_k_chunks,
+        workers=workers,
+        prefetch=prefetch,
+        chunk_size=int(getattr(source, "chunk_size", 64)),
+        ring_slots=ring_slots,
+    )
+    ctx = PipelineContext(
+        datasets=tuple(getattr(source, "datasets", ())),
+        weights=getattr(source, "weights", None),
+        seed=seed if seed is not None else int(getattr(source, "seed", 0)),
+        num_components=int(getattr(source, "num_components", 0)),
+        names=tuple(getattr(source, "names", ())),
+    )
+    for op in plan.ops:
+        op.bind(ctx)
+    return plan
 
 
 def explain(plan: Plan) -> str:

@@ -4,30 +4,29 @@ Builder methods return a new Pipeline; nothing runs until the first ``next()`` (
 ``checkpoint()``/``explain()``). A Pipeline is its own iterator: iterating it twice continues
 the same stream. ``checkpoint()`` returns a plain msgpack-able dict; ``restore(state)`` on a
 freshly built, identical pipeline continues exactly where the checkpoint was taken.
+
+This module is that surface and its documentation; the Pipeline delegates the rest: its
+arguments' checks to :mod:`zephon.options`, the plan to :mod:`zephon.compile`, the
+fingerprint to :mod:`zephon._fingerprint`, the engine and the checkpoint round to
+:mod:`zephon.running`, the state's schema to :mod:`zephon.checkpoint.state` and
+restore's checks to :mod:`zephon.restoring`.
 """
 
 from __future__ import annotations
 
 import copy
-import hashlib
-import math
-import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import msgpack
 import numpy as np
 
-from zephon._fingerprint import fingerprint_parts
-from zephon.checkpoint.state import (
-    build_state,
-    lanes_of_rank,
-    merge_states,
-)
-from zephon.compile import Plan, compile_plan, explain
+from zephon._fingerprint import pipeline_fingerprints
+from zephon.checkpoint.state import build_state
+from zephon.compile import Plan, compile_pipeline, explain
 from zephon.engine import Engine, closed_error
 from zephon.errors import CheckpointError
-from zephon.operators.base import Operator, PipelineContext
+from zephon.operators.base import Operator
 from zephon.operators.batch import Batch
 from zephon.operators.ensure_mixture import EnsureMixture
 from zephon.operators.fetch import Fetch
@@ -39,21 +38,22 @@ from zephon.operators.random_map import RandomMap
 from zephon.operators.shuffle import Shuffle
 from zephon.operators.split import Split
 from zephon.operators.tokenize import Tokenize
+from zephon.options import (  # the defaults and auto_workers stay importable from here
+    AUTO_WORKERS_MAX,
+    DEFAULT_PREFETCH,
+    DEFAULT_RING_SLOTS,
+    auto_workers,
+    checked_options,
+)
 from zephon.restoring import plan_restore
-from zephon.runners.lanes import INTERLEAVE, OUTPUTS
-from zephon.runners.local import LocalExecutor
-from zephon.runners.processes import ProcessExecutor
-from zephon.topology import Topology, resolve_topology
-from zephon.tracking import LaneTracker
+from zephon.runners.lanes import INTERLEAVE
+from zephon.running import open_aggregator, skipped_records, start_engine
+from zephon.topology import Topology
 from zephon.work_sources.mixture_change import (
     MixtureChange,
 )
 
-#: Slots per worker ring when ``ring_slots`` is not given (see benchmarks.ring_depth).
-DEFAULT_RING_SLOTS = 16
-#: The pump's depth in process when ``prefetch`` is not given (0 with workers).
-DEFAULT_PREFETCH = 3
-_OUTPUTS = OUTPUTS
+__all__ = ["AUTO_WORKERS_MAX", "DEFAULT_PREFETCH", "DEFAULT_RING_SLOTS", "Pipeline", "auto_workers"]
 
 
 class Pipeline:
@@ -136,92 +136,43 @@ class Pipeline:
         worker_start_method: str = "spawn",
         seed: int | None = None,
     ) -> None:
-        if not callable(getattr(source, "for_lane", None)):
-            raise TypeError(
-                f"Pipeline needs a work source with for_lane(lane, num_lanes) (e.g. "
-                f"zp.StaticMixtureWorkSource); got {type(source).__name__}"
-            )
-        if output not in _OUTPUTS:
-            raise ValueError(f"output must be one of {_OUTPUTS}; got {output!r}")
-        if workers != "auto" and (
-            not isinstance(workers, int) or isinstance(workers, bool) or workers < 0
-        ):
-            raise ValueError(f"workers must be an int >= 0 or 'auto'; got {workers!r}")
-        if prefetch is not None and (
-            not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 0
-        ):
-            raise ValueError(f"prefetch must be None or an int >= 0; got {prefetch!r}")
-        if prefetch is None:
-            prefetch = DEFAULT_PREFETCH if workers == 0 else 0
-        if ring_slots is None:
-            ring_slots = DEFAULT_RING_SLOTS
-        if not isinstance(ring_slots, int) or isinstance(ring_slots, bool) or ring_slots < 2:
-            raise ValueError(f"ring_slots must be None or an int >= 2; got {ring_slots!r}")
-        if zero_copy and (workers == "auto" or workers > 0) and ring_slots < prefetch + 2:
-            raise ValueError(
-                f"zero_copy=True needs ring_slots >= prefetch + 2 (the batch handed out and "
-                f"the {prefetch} prefetched ones hold ring slots while they live); got "
-                f"ring_slots={ring_slots}, prefetch={prefetch}: raise ring_slots or lower prefetch"
-            )
-        if not (
-            isinstance(aggregate_timeout_s, (int, float))
-            and math.isfinite(aggregate_timeout_s)
-            and aggregate_timeout_s > 0
-        ):
-            raise ValueError(
-                f"aggregate_timeout_s must be a positive number of seconds; got {aggregate_timeout_s!r}"
-            )
-        if aggregate_dir is not None and aggregate_store is not None:
-            raise ValueError("give aggregate_dir or aggregate_store, not both")
-        self._topology: Topology = resolve_topology(
-            canonical_replicas, rank, world_size, dp_rank, dp_size
+        options = checked_options(
+            source,
+            canonical_replicas=canonical_replicas,
+            flush_every_k_chunks=flush_every_k_chunks,
+            workers=workers,
+            rank=rank,
+            world_size=world_size,
+            dp_rank=dp_rank,
+            dp_size=dp_size,
+            output=output,
+            aggregate_dir=aggregate_dir,
+            aggregate_store=aggregate_store,
+            aggregate_timeout_s=aggregate_timeout_s,
+            prefetch=prefetch,
+            ring_slots=ring_slots,
+            zero_copy=zero_copy,
+            ring_slot_bytes=ring_slot_bytes,
+            worker_timeout_s=worker_timeout_s,
+            worker_start_method=worker_start_method,
+            seed=seed,
         )
-        if flush_every_k_chunks is not None and (
-            not isinstance(flush_every_k_chunks, int) or flush_every_k_chunks < 0
-        ):
-            raise ValueError(
-                f"flush_every_k_chunks must be None or an int >= 0; got {flush_every_k_chunks!r}"
-            )
-        if workers == "auto":
-            workers = auto_workers(len(self._topology.lanes))
+        self._topology: Topology = options.topology
         self.source = source
-        self.canonical_replicas = canonical_replicas
-        self.flush_every_k_chunks = flush_every_k_chunks
-        self.workers = workers
-        self.output = output
-        self.aggregate_dir = aggregate_dir
-        self.aggregate_store = aggregate_store
-        self.aggregate_timeout_s = float(aggregate_timeout_s)
-        self.prefetch = prefetch
-        self.ring_slots = ring_slots
-        self.zero_copy = zero_copy
-        if ring_slot_bytes is not None and (
-            not isinstance(ring_slot_bytes, int)
-            or isinstance(ring_slot_bytes, bool)
-            or ring_slot_bytes < 4096
-        ):
-            raise ValueError(
-                f"ring_slot_bytes must be None (sized from the batches) or an int >= 4096; "
-                f"got {ring_slot_bytes!r}"
-            )
-        if not (isinstance(worker_timeout_s, (int, float)) and worker_timeout_s > 0):
-            raise ValueError(
-                f"worker_timeout_s must be a positive number; got {worker_timeout_s!r}"
-            )
-        if worker_start_method not in ("spawn", "forkserver", "fork"):
-            raise ValueError(
-                f"worker_start_method must be 'spawn', 'forkserver' or 'fork'; got {worker_start_method!r}"
-            )
-        if seed is not None and (
-            not isinstance(seed, (int, np.integer))
-            or isinstance(seed, bool)
-            or not -(2**63) <= int(seed) < 2**64
-        ):
-            raise ValueError(f"seed must be None or an int in [-2**63, 2**64); got {seed!r}")
-        self.seed = None if seed is None else int(seed)
-        self.ring_slot_bytes = ring_slot_bytes
-        self.worker_timeout_s = float(worker_timeout_s)
-        self.worker_start_method = worker_start_method
+        self.canonical_replicas = options.canonical_replicas
+        self.flush_every_k_chunks = options.flush_every_k_chunks
+        self.workers = options.workers
+        self.output = options.output
+        self.aggregate_dir = options.aggregate_dir
+        self.aggregate_store = options.aggregate_store
+        self.aggregate_timeout_s = options.aggregate_timeout_s
+        self.prefetch = options.prefetch
+        self.ring_slots = options.ring_slots
+        self.zero_copy = options.zero_copy
+        self.seed = options.seed
+        self.ring_slot_bytes = options.ring_slot_bytes
+        self.worker_timeout_s = options.worker_timeout_s
+        self.worker_start_method = options.worker_start_method
         self._ops: tuple[Operator, ...] = ()
         self._plan: Plan | None = None
         self._engine: Engine | None = None
@@ -543,26 +494,15 @@ class Pipeline:
 
     def _compiled(self) -> Plan:
         if self._plan is None:
-            if not self._ops:
-                raise ValueError("the pipeline has no operators; add at least .fetch()")
-            plan = compile_plan(
-                [op.fresh() for op in self._ops],
+            self._plan = compile_pipeline(
+                self._ops,
+                self.source,
                 flush_every_k_chunks=self.flush_every_k_chunks,
                 workers=self.workers,
                 prefetch=self.prefetch,
-                chunk_size=int(getattr(self.source, "chunk_size", 64)),
                 ring_slots=self.ring_slots,
+                seed=self.seed,
             )
-            ctx = PipelineContext(
-                datasets=tuple(getattr(self.source, "datasets", ())),
-                weights=getattr(self.source, "weights", None),
-                seed=self.seed if self.seed is not None else int(getattr(self.source, "seed", 0)),
-                num_components=int(getattr(self.source, "num_components", 0)),
-                names=tuple(getattr(self.source, "names", ())),
-            )
-            for op in plan.ops:
-                op.bind(ctx)
-            self._plan = plan
         return self._plan
 
     def explain(self) -> str:
@@ -588,60 +528,15 @@ class Pipeline:
         part map hold (no content identities)."""
         if self._fingerprint is None:
             plan = self._compiled()
-            config = (
-                self.source.config()
-                if callable(getattr(self.source, "config", None))
-                else repr(type(self.source))
-            )
-            legacy_config = (
-                {k: v for k, v in config.items() if k != "identities"}
-                if isinstance(config, dict)
-                else config
-            )
-            ops = [op.fingerprint() for op in plan.ops]
-            k = plan.flush_every_k_chunks
-            self._fingerprint = (
-                _digest(config, self.canonical_replicas, k, ops),
-                fingerprint_parts(config, self.canonical_replicas, k, plan.ops),
-                _digest(legacy_config, self.canonical_replicas, k, ops),
+            self._fingerprint = pipeline_fingerprints(
+                self.source, self.canonical_replicas, plan.flush_every_k_chunks, plan.ops
             )
         return self._fingerprint
 
     def _get_engine(self) -> Engine:
         if self._engine is None:
-            plan = self._compiled()
-            trackers = {
-                lane: LaneTracker(
-                    lane,
-                    self.source.for_lane(lane, self.canonical_replicas),
-                    plan.eviction,
-                    plan.flush_every_k_chunks,
-                )
-                for lane in self.lanes
-            }
-            executor: Any
-            if self.workers > 0:
-                executor = ProcessExecutor(
-                    plan,
-                    self.workers,
-                    zero_copy=self.zero_copy,
-                    slot_bytes=self.ring_slot_bytes,
-                    nslots=self.ring_slots,
-                    start_method=self.worker_start_method,
-                    worker_timeout_s=self.worker_timeout_s,
-                    components=self._components(),
-                )
-            else:
-                executor = LocalExecutor(plan)
-            self._engine = Engine(plan, trackers, self.output, self.prefetch, executor)
-            self._engine.knobs = f"workers={self.workers}, prefetch={self.prefetch}"
+            self._engine = start_engine(self)
         return self._engine
-
-    def _components(self) -> tuple[tuple[str, Any], ...]:
-        """``(name, dataset)`` of the work source's mixture, to name a dataset in errors."""
-        datasets = tuple(getattr(self.source, "datasets", ()))
-        names = tuple(getattr(self.source, "names", ())) or tuple(map(str, range(len(datasets))))
-        return tuple(zip(names, datasets, strict=False))
 
     # ------------------------------------------------------------ iterate
     def __iter__(self) -> Pipeline:
@@ -707,23 +602,7 @@ class Pipeline:
 
     def _aggregator(self) -> Any:
         if self._agg is None:
-            from zephon.checkpoint.aggregate import Aggregator, open_store
-
-            topo = self._topology
-            store = open_store(self.aggregate_dir, self.aggregate_store)
-            try:
-                self._agg = Aggregator(
-                    store,
-                    rank=topo.rank,
-                    world_size=topo.world_size,
-                    timeout_s=self.aggregate_timeout_s,
-                    expected_lanes=lambda r: lanes_of_rank(topo, r),
-                    merge=merge_states,
-                    fingerprint=self.fingerprint(),  # rounds of two pipelines never meet
-                )
-            except BaseException:
-                store.close()
-                raise
+            self._agg = open_aggregator(self)
         return self._agg
 
     def restore(
@@ -762,12 +641,6 @@ class Pipeline:
         """
         if self._closed:
             raise closed_error()
-        if self._engine is not None and self._engine.started:
-            raise CheckpointError(
-                "restore() after iteration began; build a fresh pipeline and restore into it"
-            )
-        if not isinstance(state, dict):
-            raise CheckpointError(f"checkpoint state must be a dict; got {type(state).__name__}")
         by_lane, holds, next_lane, change = plan_restore(self, state, allow_mixture_change)
         if self._engine is not None:
             self._engine.close()
@@ -809,7 +682,7 @@ class Pipeline:
         if isinstance(self._last_checkpoint, dict):
             self._last_checkpoint = len(msgpack.packb(self._last_checkpoint, use_bin_type=True))
         st["checkpoint_bytes"] = self._last_checkpoint
-        st["skipped_records"] = _skipped_records(self.source)
+        st["skipped_records"] = skipped_records(self.source)
         return st
 
     def close(self) -> None:
@@ -851,46 +724,7 @@ def _upstream_pads(ops: Sequence[Operator]) -> dict[str, Any]:
     return pads
 
 
-def _skipped_records(source: Any) -> dict[str, dict[str, int]]:
-    """``ds.skipped_records()`` per component name. These datasets decide what to skip while
-    they are built, in this process, so this process's objects know the counts whatever
-    the number of workers."""
-    names = tuple(getattr(source, "names", ()))
-    datasets = tuple(getattr(source, "datasets", ()))
-    out: dict[str, dict[str, int]] = {}
-    for name, ds in zip(names, datasets, strict=False):
-        counts = getattr(ds, "skipped_records", None)
-        if callable(counts):
-            out[name] = dict(counts())
-    return out
-
-
-def _digest(config: Any, canonical_replicas: int, k: int, ops: list[str]) -> str:
-    desc = {
-        "source": config,
-        "canonical_replicas": canonical_replicas,
-        "flush_every_k_chunks": k,
-        "ops": ops,
-    }
-    return hashlib.sha256(msgpack.packb(desc, use_bin_type=True, default=repr)).hexdigest()
-
-
 def _parallelism(p: int) -> int:
     if not isinstance(p, int) or p < 1:
         raise ValueError(f"parallelism must be a positive int; got {p!r}")
     return p
-
-
-#: The most worker processes ``workers="auto"`` picks.
-AUTO_WORKERS_MAX = 8
-
-
-def auto_workers(lanes: int) -> int:
-    """What ``Pipeline(workers="auto")`` picks: the CPUs this process may run on (its
-    affinity mask, else ``os.cpu_count()``) less one for the training loop, at most
-    :data:`AUTO_WORKERS_MAX` and at most ``lanes`` (a worker owns whole lanes)."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cpus = os.cpu_count() or 1
-    return max(0, min(cpus - 1, AUTO_WORKERS_MAX, lanes))

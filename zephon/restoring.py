@@ -1,8 +1,8 @@
-"""What ``Pipeline.restore`` checks and plans before the engine loads the lanes: the header,
-the fingerprint (naming the part that differs; only ``batch``'s parameters may differ, or
-the mixture with ``allow_mixture_change``), the lane layout, the holds of
-``ensure_mixture``, an edited mixture's translation of the lane states, and whose turn
-the consumer's next batch is."""
+"""What ``Pipeline.restore`` checks and plans before the engine loads the lanes: that
+iteration has not begun, the header, the fingerprint (naming the part that differs; only
+``batch``'s parameters may differ, or the mixture with ``allow_mixture_change``), the lane
+layout, the holds of ``ensure_mixture``, an edited mixture's translation of the lane
+states, and whose turn the consumer's next batch is."""
 
 from __future__ import annotations
 
@@ -32,7 +32,14 @@ def plan_restore(
     """``state`` checked against ``pipe``: the lane states by lane, each lane's holds, the
     lane whose turn is next (None: another layout, the engine picks the least advanced),
     and the mixture change (None when the mixture is the checkpoint's). Raises the
-    CheckpointError that says what is wrong; nothing of ``pipe`` changes."""
+    CheckpointError that says what is wrong (``pipe``'s iteration began, ``state`` is not
+    a dict, or it does not fit ``pipe``); nothing of ``pipe`` changes."""
+    if pipe._engine is not None and pipe._engine.started:
+        raise CheckpointError(
+            "restore() after iteration began; build a fresh pipeline and restore into it"
+        )
+    if not isinstance(state, dict):
+        raise CheckpointError(f"checkpoint state must be a dict; got {type(state).__name__}")
     check_header(state)
     if state.get("canonical_replicas") != pipe.canonical_replicas:
         raise CheckpointError(

@@ -113,14 +113,14 @@ def test_bad_workers(bad) -> None:
 
 
 def test_auto_workers_follows_the_cpus_and_the_lanes(monkeypatch) -> None:
-    from zephon import pipeline as pipeline_module
+    from zephon import options
 
-    monkeypatch.setattr(pipeline_module.os, "sched_getaffinity", lambda pid: set(range(16)))
+    monkeypatch.setattr(options.os, "sched_getaffinity", lambda pid: set(range(16)))
     assert zp.Pipeline(source(), canonical_replicas=8, workers="auto").workers == 8
     assert zp.Pipeline(source(), canonical_replicas=4, workers="auto").workers == 4
-    monkeypatch.setattr(pipeline_module.os, "sched_getaffinity", lambda pid: {0, 1, 2})
+    monkeypatch.setattr(options.os, "sched_getaffinity", lambda pid: {0, 1, 2})
     assert zp.Pipeline(source(), canonical_replicas=8, workers="auto").workers == 2
-    monkeypatch.setattr(pipeline_module.os, "sched_getaffinity", lambda pid: {0})
+    monkeypatch.setattr(options.os, "sched_getaffinity", lambda pid: {0})
     assert zp.Pipeline(source(), canonical_replicas=8, workers="auto").workers == 0
 
 

@@ -25,7 +25,7 @@ msgpack + zstd with a checksummed header, never pickle):
   shard its lane range and sha256) plus ``loader-lanes-<first>-<last>.zph`` shards, so that
   a restoring rank reads the index and only the shards of the lanes it owns.
 * otherwise ``process_{i}-of-{n}.zph``, one per rank, each with that rank's lanes. Restore
-  reads all ``n`` and merges them (:func:`zephon.pipeline.merge_states`), so a job with any
+  reads all ``n`` and merges them (:func:`zephon.checkpoint.state.merge_states`), so a job with any
   number of processes can restore it — every process must see every file (a shared
   filesystem or object store, as Orbax's own multi-host checkpoints need).
 

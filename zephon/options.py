@@ -1,0 +1,170 @@
+"""Pipeline's constructor arguments: the checks (each message names the argument and shows
+the value), the defaults that depend on other arguments (``prefetch``, ``ring_slots``),
+the rank's topology, and what ``workers="auto"`` picks (:func:`auto_workers`).
+
+The arguments are documented once, on :class:`~zephon.Pipeline`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Literal, NamedTuple
+
+import numpy as np
+
+from zephon.runners.lanes import OUTPUTS
+from zephon.topology import Topology, resolve_topology
+
+#: Slots per worker ring when ``ring_slots`` is not given (see benchmarks.ring_depth).
+DEFAULT_RING_SLOTS = 16
+#: The pump's depth in process when ``prefetch`` is not given (0 with workers).
+DEFAULT_PREFETCH = 3
+#: The most worker processes ``workers="auto"`` picks.
+AUTO_WORKERS_MAX = 8
+
+
+class Options(NamedTuple):
+    """Pipeline's arguments as the pipeline keeps them: checked, defaults filled in,
+    ``workers="auto"`` resolved, numbers of seconds as floats, the seed as an int."""
+
+    topology: Topology
+    canonical_replicas: int
+    flush_every_k_chunks: int | None
+    workers: int
+    output: str
+    aggregate_dir: str | None
+    aggregate_store: str | None
+    aggregate_timeout_s: float
+    prefetch: int
+    ring_slots: int
+    zero_copy: bool
+    ring_slot_bytes: int | None
+    worker_timeout_s: float
+    worker_start_method: str
+    seed: int | None
+
+
+def checked_options(
+    source: Any,
+    *,
+    canonical_replicas: int,
+    flush_every_k_chunks: int | None,
+    workers: int | Literal["auto"],
+    rank: int | None,
+    world_size: int | None,
+    dp_rank: int | None,
+    dp_size: int | None,
+    output: str,
+    aggregate_dir: str | None,
+    aggregate_store: str | None,
+    aggregate_timeout_s: float,
+    prefetch: int | None,
+    ring_slots: int | None,
+    zero_copy: bool,
+    ring_slot_bytes: int | None,
+    worker_timeout_s: float,
+    worker_start_method: str,
+    seed: int | None,
+) -> Options:
+    """:class:`~zephon.Pipeline`'s arguments checked and resolved.
+
+    Raises:
+        TypeError: ``source`` is not a work source (it has no ``for_lane``).
+        ValueError: any other argument is out of range; the message names it.
+    """
+    if not callable(getattr(source, "for_lane", None)):
+        raise TypeError(
+            f"Pipeline needs a work source with for_lane(lane, num_lanes) (e.g. "
+            f"zp.StaticMixtureWorkSource); got {type(source).__name__}"
+        )
+    if output not in OUTPUTS:
+        raise ValueError(f"output must be one of {OUTPUTS}; got {output!r}")
+    if workers != "auto" and (
+        not isinstance(workers, int) or isinstance(workers, bool) or workers < 0
+    ):
+        raise ValueError(f"workers must be an int >= 0 or 'auto'; got {workers!r}")
+    if prefetch is not None and (
+        not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 0
+    ):
+        raise ValueError(f"prefetch must be None or an int >= 0; got {prefetch!r}")
+    if prefetch is None:
+        prefetch = DEFAULT_PREFETCH if workers == 0 else 0
+    if ring_slots is None:
+        ring_slots = DEFAULT_RING_SLOTS
+    if not isinstance(ring_slots, int) or isinstance(ring_slots, bool) or ring_slots < 2:
+        raise ValueError(f"ring_slots must be None or an int >= 2; got {ring_slots!r}")
+    if zero_copy and (workers == "auto" or workers > 0) and ring_slots < prefetch + 2:
+        raise ValueError(
+            f"zero_copy=True needs ring_slots >= prefetch + 2 (the batch handed out and "
+            f"the {prefetch} prefetched ones hold ring slots while they live); got "
+            f"ring_slots={ring_slots}, prefetch={prefetch}: raise ring_slots or lower prefetch"
+        )
+    if not (
+        isinstance(aggregate_timeout_s, (int, float))
+        and math.isfinite(aggregate_timeout_s)
+        and aggregate_timeout_s > 0
+    ):
+        raise ValueError(
+            f"aggregate_timeout_s must be a positive number of seconds; got {aggregate_timeout_s!r}"
+        )
+    if aggregate_dir is not None and aggregate_store is not None:
+        raise ValueError("give aggregate_dir or aggregate_store, not both")
+    topology = resolve_topology(canonical_replicas, rank, world_size, dp_rank, dp_size)
+    if flush_every_k_chunks is not None and (
+        not isinstance(flush_every_k_chunks, int) or flush_every_k_chunks < 0
+    ):
+        raise ValueError(
+            f"flush_every_k_chunks must be None or an int >= 0; got {flush_every_k_chunks!r}"
+        )
+    if workers == "auto":
+        workers = auto_workers(len(topology.lanes))
+    if ring_slot_bytes is not None and (
+        not isinstance(ring_slot_bytes, int)
+        or isinstance(ring_slot_bytes, bool)
+        or ring_slot_bytes < 4096
+    ):
+        raise ValueError(
+            f"ring_slot_bytes must be None (sized from the batches) or an int >= 4096; "
+            f"got {ring_slot_bytes!r}"
+        )
+    if not (isinstance(worker_timeout_s, (int, float)) and worker_timeout_s > 0):
+        raise ValueError(f"worker_timeout_s must be a positive number; got {worker_timeout_s!r}")
+    if worker_start_method not in ("spawn", "forkserver", "fork"):
+        raise ValueError(
+            f"worker_start_method must be 'spawn', 'forkserver' or 'fork'; got {worker_start_method!r}"
+        )
+    if seed is not None and (
+        not isinstance(seed, (int, np.integer))
+        or isinstance(seed, bool)
+        or not -(2**63) <= int(seed) < 2**64
+    ):
+        raise ValueError(f"seed must be None or an int in [-2**63, 2**64); got {seed!r}")
+    return Options(
+        topology=topology,
+        canonical_replicas=canonical_replicas,
+        flush_every_k_chunks=flush_every_k_chunks,
+        workers=workers,
+        output=output,
+        aggregate_dir=aggregate_dir,
+        aggregate_store=aggregate_store,
+        aggregate_timeout_s=float(aggregate_timeout_s),
+        prefetch=prefetch,
+        ring_slots=ring_slots,
+        zero_copy=zero_copy,
+        ring_slot_bytes=ring_slot_bytes,
+        worker_timeout_s=float(worker_timeout_s),
+        worker_start_method=worker_start_method,
+        seed=None if seed is None else int(seed),
+    )
+
+
+def auto_workers(lanes: int) -> int:
+    """What ``Pipeline(workers="auto")`` picks: the CPUs this process may run on (its
+    affinity mask, else ``os.cpu_count()``) less one for the training loop, at most
+    :data:`AUTO_WORKERS_MAX` and at most ``lanes`` (a worker owns whole lanes)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return max(0, min(cpus - 1, AUTO_WORKERS_MAX, lanes))
