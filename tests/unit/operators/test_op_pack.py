@@ -298,3 +298,59 @@ def test_restore_never_assembles_the_bins_the_replay_filter_drops(
     # batch when its data is read, and prefetch=0 reads ahead nothing): never a bin the
     # filter dropped, nor one still waiting in a batch nobody asked for.
     assert assembled == 2 * len(got) < batch_op["records_in"]
+
+
+@pytest.mark.native  # the rows go straight in where C assembles them
+@pytest.mark.parametrize(
+    "pack_kw",
+    [
+        {"features": ("tokens",)},
+        {"features": ("tokens", "labels"), "pad_values": {"labels": -100}},
+        {"features": ("tokens",), "meta_features": ("mask",), "pad_values": {"mask": 7}},
+    ],
+)
+def test_rows_written_into_the_batch_equal_rows_assembled_one_by_one(
+    monkeypatch: pytest.MonkeyPatch, pack_kw: dict
+) -> None:
+    """batch writes packed rows straight into its arrays (``row_layout``/``write_row``);
+    the same batches as each row assembled on its own and stacked: keys, order, dtypes."""
+    from zephon.operators.pack import PackedRow
+
+    def build() -> zp.Pipeline:
+        docs = [
+            {
+                "tokens": np.arange(1 + (i * 37) % 50, dtype=np.int32) + i,
+                "labels": np.full(1 + (i * 37) % 50, i, dtype=np.int32),
+                "mask": np.ones(1 + (i * 37) % 50, dtype=np.int8),
+            }
+            for i in range(300)
+        ]
+        src = zp.StaticMixtureWorkSource([zp.ArraySource(docs)], seed=1, chunk_size=16)
+        return (
+            zp.Pipeline(src, canonical_replicas=2, flush_every_k_chunks=2, prefetch=0)
+            .fetch()
+            .pack(seq_len=64, num_bins=3, **pack_kw)
+            .batch(3)
+        )
+
+    written = 0
+    write_row = PackedRow.write_row
+
+    def counting(self: PackedRow, row: dict) -> None:
+        nonlocal written
+        written += 1
+        write_row(self, row)
+
+    monkeypatch.setattr(PackedRow, "write_row", counting)
+    with build() as p:
+        direct = take(p, 25)
+    assert written == 25 * 3  # every row of every batch went straight in
+    monkeypatch.setattr(PackedRow, "row_layout", lambda self: None)
+    with build() as q:
+        one_by_one = take(q, 25)
+    assert len(direct) == len(one_by_one) == 25
+    for a, b in zip(direct, one_by_one, strict=True):
+        assert list(a) == list(b)
+        for k in a:
+            assert a[k].dtype == b[k].dtype, k
+            np.testing.assert_array_equal(a[k], b[k])

@@ -113,3 +113,25 @@ def test_reads_are_copies(tmp_path):
 def test_pickle_does_not_carry_the_tokens(tmp_path):
     ds = TokenFileSource(write_tokens(tmp_path / "t.bin", [7] * 100_000 + [0]), eos_id=0)
     assert len(pickle.dumps(ds)) < 10_000
+
+
+def test_read_takes_index_arrays_and_refuses_non_integers(tmp_path):
+    ds = TokenFileSource(write_tokens(tmp_path / "t.bin", [5, 0, 6, 7, 0, 8, 0]), eos_id=0)
+    expected = [[6, 7, 0], [5, 0], [6, 7, 0]]
+    for indices in (np.array([1, 0, 1]), np.array([1, 0, 1], np.uint32), [1, np.int16(0), 1]):
+        got = ds.read(indices)
+        assert [d["tokens"].tolist() for d in got] == expected
+        assert all(d["tokens"].dtype == np.int32 for d in got)
+    with pytest.raises(TypeError):
+        ds.read([1.0])
+    with pytest.raises(IndexError, match="index -1 is out of range for length 3"):
+        ds.read(np.array([0, -1]))
+
+
+def test_read_across_files_keeps_the_order_asked(tmp_path):
+    for k, tokens in enumerate(([1, 0, 2, 0], [3, 0], [4, 4, 0, 5, 0])):
+        write_tokens(tmp_path / f"s{k}.bin", tokens)
+    ds = TokenFileSource(str(tmp_path / "s*.bin"), eos_id=0)
+    assert len(ds) == 5
+    got = ds.read([4, 0, 2, 3, 1, 4])
+    assert [d["tokens"].tolist() for d in got] == [[5, 0], [1, 0], [3, 0], [4, 4, 0], [2, 0], [5, 0]]
