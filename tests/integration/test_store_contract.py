@@ -5,6 +5,8 @@ etcd faults (a stalled server, failover) are in test_store_etcd_faults.py."""
 
 from __future__ import annotations
 
+import logging
+
 import os
 import signal
 import subprocess
@@ -166,6 +168,24 @@ def test_etcd_split_values_leave_no_parts_behind(etcd):
     store = _etcd_store(etcd)
     check_large_values(store, "t/", 3 << 20)
     assert _keys(store) == []
+    store.close()
+
+
+@pytest.mark.etcd
+def test_etcd_warns_once_about_large_values_naming_blobs(etcd, caplog):
+    """etcd keeps every write in memory until its next snapshot: a store writing states
+    of hundreds of KB says so once, and names ?blobs=; small values say nothing."""
+    store = _etcd_store(etcd)
+    store.log_prefix = "[rank=3] "
+    with caplog.at_level(logging.WARNING, logger="zephon.checkpoint.stores.etcd"):
+        store.put("small", b"x" * 1000)
+        assert not caplog.records
+        store.put("big", b"x" * (300 << 10))
+        store.put("big2", b"x" * (300 << 10))
+    (record,) = caplog.records
+    text = record.getMessage()
+    assert text.startswith("[rank=3] ") and "0.3 MB" in text and "'big'" in text
+    assert "?blobs=" in text and "--snapshot-count" in text
     store.close()
 
 
