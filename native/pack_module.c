@@ -19,7 +19,7 @@
  * bin is empty after the piece. evict[k] is -1 and target[k] 0.
  * The GIL is released while it runs.
  *
- * assemble_into(parts, out, pad, seg, pos) -> total: one packed row (Pack._assemble):
+ * assemble_into(parts, out, pad, seg, pos) -> total: one packed row (RowAssembler.assemble):
  * the parts copied in order, pad after them, each token's piece number and position.
  *
  * What a bin holds from one emptying to the next is an instance, numbered s * num_bins + b
@@ -246,7 +246,7 @@ done:
 
 PyDoc_STRVAR(assemble_into_doc,
              "assemble_into(parts, out, pad, seg, pos, /) -> total\n\n"
-             "One packed row (Pack._assemble in zephon/operators/pack.py is the same in numpy):\n"
+             "One packed row (RowAssembler in zephon/operators/assembly.py is the same in numpy):\n"
              "copies the 1-D contiguous arrays in the list parts, in order, into the 1-D\n"
              "contiguous writable array out (every part of out's item size; the caller checks\n"
              "their dtypes) and fills the rest of out with pad (the bytes of one item). seg and\n"

@@ -21,42 +21,30 @@ order their pieces came in; in arrival order the token share of each component o
 batches follows what the work source dealt. Waiting rows are lane state like the bins
 (rebuilt by replay, never saved) and leave by the next flush at the latest.
 
-A packed record is assembled when its data is first read: one that the replay filter drops
-after a restore never is, and a piece whose arrays are lazy (see
+A packed record is assembled when its data is first read (by
+:mod:`~zephon.operators.assembly`, the counterpart of placement): one that the replay filter
+drops after a restore never is, and a piece whose arrays are lazy (see
 :class:`~zephon.stages.split_pack.SplitPack`) makes its tokens only then.
 """
 
 from __future__ import annotations
 
-import functools
 import heapq
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
 from zephon.errors import ContractViolation
-from zephon.operators.base import LaneStateOperator, OpTraits, Output, check_fits
-from zephon.operators.placement import _NATIVE, CONCAT_THEN_SPLIT, STRATEGIES, place
-from zephon.records import Contributor, LazyRecord, Record
+from zephon.operators.assembly import _SCALARS, PackedRow, Piece, RowAssembler
+from zephon.operators.base import LaneStateOperator, OpTraits, Output
+from zephon.operators.placement import CONCAT_THEN_SPLIT, STRATEGIES, place
+from zephon.records import Contributor, Record
 
 #: ``bos_handling`` values (Grain's ``BOSHandling.REPLACE_FIRST_TOKEN_WITH_BOS``).
 REPLACE_FIRST_TOKEN = "replace_first_token"
 #: ``order`` values: rows leave as they are emptied, or in the order of their first pieces.
 ORDERS = ("filled", "arrival")
-_INT32 = np.dtype(np.int32)
-_SCALARS = (bool, int, float, np.bool_, np.integer, np.floating)
-
-
-class Piece(NamedTuple):
-    """A piece waiting in a bin: its contributors, its per-component token counts, its
-    arrays (one per column of pack: its features, meta features, then broadcast fields as
-    scalars; indexable; possibly made only when read) and its length."""
-
-    contributors: list[Contributor]
-    component_tokens: dict[int, int]
-    arrays: Sequence[np.ndarray] | Any
-    length: int
 
 
 class Bins:
@@ -76,41 +64,6 @@ class Bins:
         self.arrived = 0
         self.waiting: list[tuple[int, list[Piece]]] = []
         self.waiting_pieces = 0
-
-
-class PackedRow(LazyRecord):
-    """A row that ``pack`` emptied from a bin: assembled when its data is first read, or
-    written straight into a row of a batch's arrays (:meth:`write_row`) where C assembles
-    it (see :meth:`Pack.native_layout`)."""
-
-    __slots__ = ("_pack", "_pieces")
-
-    def __init__(
-        self,
-        pack: Pack,
-        pieces: list[Piece],
-        lane: int,
-        contributors: list[Contributor],
-        mix: dict[int, int],
-    ) -> None:
-        super().__init__(functools.partial(_assemble_row, pack, pieces), lane, contributors, mix)
-        self._pack, self._pieces = pack, pieces
-
-    def row_layout(self) -> list[tuple[str, tuple[int, ...], np.dtype]] | None:
-        if self.built:
-            return None
-        layout = self._pack.native_layout(self._pieces)
-        if layout is None:
-            return None
-        shape = (self._pack.seq_len,)
-        return [(name, shape, dtype) for name, dtype in layout]
-
-    def write_row(self, row: dict[str, np.ndarray]) -> None:
-        self._pack.write_native(self._pieces, row)
-
-
-def _assemble_row(pack: Pack, pieces: list[Piece], _: Any) -> dict[str, np.ndarray]:
-    return pack._assemble(pieces)
 
 
 class Pack(LaneStateOperator):
@@ -216,42 +169,20 @@ class Pack(LaneStateOperator):
         self.order = order
         #: Rows are held back for order: with one bin they always leave in arrival order.
         self._in_order = order == "arrival" and num_bins > 1
+        #: Makes the rows of the bins this pack empties (and checks what only rows read).
+        self.rows = RowAssembler(
+            seq_len,
+            self.features,
+            self.meta_features,
+            self.broadcast,
+            component_feature,
+            bos_id,
+            pad_values,
+        )
         #: What a piece carries, in order: features, meta features, broadcast fields.
-        self.columns = (*self.features, *self.meta_features, *self.broadcast)
-        outputs = [n for f in self.features for n in (f, f"{f}_segment_ids", f"{f}_positions")]
-        outputs += [*self.meta_features, *self.broadcast]
-        outputs += [component_feature] if component_feature is not None else []
-        repeated = sorted({n for n in outputs if outputs.count(n) > 1})
-        if repeated:
-            raise ValueError(
-                f"pack would emit {repeated} more than once (features {list(self.features)}, "
-                f"meta_features {list(self.meta_features)}, broadcast {list(self.broadcast)}, "
-                f"component_feature {component_feature!r}); give each feature one role"
-            )
-        pads = dict(pad_values or {})
-        if pad_values is not None and not isinstance(pad_values, Mapping):
-            raise ValueError(
-                f"pack(pad_values=...) must be a dict of feature -> pad value, such as "
-                f"{{'targets': -100}}; got {pad_values!r}"
-            )
-        padded = [*self.columns, *([component_feature] if component_feature else [])]
-        for key, value in pads.items():
-            if key not in padded:
-                raise ValueError(
-                    f"pack(pad_values=...) names {key!r}, which pack does not pad; padded "
-                    f"features are {padded} (segment ids and positions pad with 0)"
-                )
-            if not isinstance(value, _SCALARS):
-                raise ValueError(
-                    f"pack(pad_values={{{key!r}: {value!r}}}): a pad value must be a number "
-                    f"(int, float or bool); got {type(value).__name__}"
-                )
-        self.pad_values = pads
-        self._pads = tuple(pads.get(c, 0) for c in self.columns)
-        self._component_pad = pads.get(component_feature, 0) if component_feature else 0
+        self.columns = self.rows.columns
+        self.pad_values = self.rows.pad_values
         self._n_arrays = len(self.features) + len(self.meta_features)
-        self._checked: set[tuple[int, np.dtype]] = set()  # (column, dtype) whose pads fit
-        self._pad_items: dict[tuple[int, np.dtype], bytes] = {}  # their bytes, for C
         self._cuts = cuts
         self._max_segments = max_segments or 0
         #: One array column, no cuts: the common case, checked with no call per record.
@@ -474,141 +405,7 @@ class Pack(LaneStateOperator):
             for comp, w in p.component_tokens.items():
                 mix[comp] = mix.get(comp, 0) + w
 
-        return PackedRow(self, held, lane, contributors, mix)
-
-    def _buffer(self, column: int, name: str, dtype: np.dtype, pad: Any) -> np.ndarray:
-        """A row of ``dtype`` filled with ``pad`` (checked to fit ``dtype`` exactly)."""
-        if pad == 0 and type(pad) is not float:
-            return np.zeros(self.seq_len, dtype=dtype)
-        self._check_pad(column, name, pad, dtype)
-        return np.full(self.seq_len, pad, dtype=dtype)
-
-    def _check_pad(self, column: int, name: str, pad: Any, dtype: np.dtype) -> None:
-        """``pad`` fits ``column``'s ``dtype`` exactly (checked once per column and dtype)."""
-        if (column, dtype) not in self._checked:
-            check_fits(f"pack(pad_values={{{name!r}: {pad!r}}})", name, pad, dtype)
-            self._checked.add((column, dtype))
-
-    def _assemble(self, pieces: list[Piece]) -> dict[str, np.ndarray]:
-        """A packed row: its features (the pieces one after another, then the pad) and
-        each feature's segment ids and positions; in C where it applies."""
-        fast = self._assemble_native(pieces) if _NATIVE is not None else None
-        return fast if fast is not None else self._assemble_numpy(pieces)
-
-    def _assemble_numpy(self, pieces: list[Piece]) -> dict[str, np.ndarray]:
-        """:meth:`_assemble` in numpy: every case (broadcast fields, BOS, components)."""
-        data = {}
-        lengths = np.fromiter((p.length for p in pieces), dtype=np.int64, count=len(pieces))
-        total = int(lengths.sum())
-        starts = np.cumsum(lengths) - lengths
-        seg = np.zeros(self.seq_len, dtype=np.int32)
-        seg[:total] = np.repeat(
-            np.cumsum(lengths > 0, dtype=np.int32), lengths
-        )  # empty pieces take no id
-        pos = np.zeros(self.seq_len, dtype=np.int32)
-        pos[:total] = np.arange(total, dtype=np.int32) - np.repeat(starts, lengths).astype(np.int32)
-        n_features, n_arrays = len(self.features), self._n_arrays
-        bos = self.bos_id
-        firsts = starts[lengths > 0] if bos is not None else None
-        for j, name in enumerate(self.columns):
-            pad = self._pads[j]
-            if j < n_arrays:
-                parts = [p.arrays[j] for p in pieces]
-                buf = self._buffer(j, name, np.result_type(*parts), pad)
-                if parts:
-                    np.concatenate(parts, out=buf[:total])
-            else:  # a broadcast field: one number per piece
-                values = np.asarray([p.arrays[j] for p in pieces], dtype=self.broadcast[name])
-                buf = self._buffer(j, name, values.dtype, pad)
-                buf[:total] = np.repeat(values, lengths)
-            data[name] = buf
-            if j < n_features:
-                if firsts is not None:
-                    if (-1, buf.dtype) not in self._checked:
-                        check_fits(f"pack(bos_id={bos!r})", name, bos, buf.dtype)
-                        self._checked.add((-1, buf.dtype))
-                    buf[firsts] = bos
-                data[name + "_segment_ids"] = seg if j == 0 else seg.copy()
-                data[name + "_positions"] = pos if j == 0 else pos.copy()
-        if self.component_feature is not None:
-            comps = np.fromiter((_component(p) for p in pieces), np.int32, len(pieces))
-            buf = np.full(self.seq_len, self._component_pad, dtype=np.int32)
-            buf[:total] = np.repeat(comps, lengths)
-            data[self.component_feature] = buf
-        return data
-
-    def _assemble_native(self, pieces: list[Piece]) -> dict[str, np.ndarray] | None:
-        """:meth:`_assemble` with each row made by ``zephon._pack.assemble_into`` (its
-        pieces copied, the pad after them, segment ids and positions in one pass); None
-        where it does not apply (see :meth:`native_layout`)."""
-        layout = self.native_layout(pieces)
-        if layout is None:
-            return None
-        seq_len = self.seq_len
-        data = {name: np.empty(seq_len, dtype=dtype) for name, dtype in layout}
-        self.write_native(pieces, data)
-        return data
-
-    def native_layout(self, pieces: list[Piece]) -> list[tuple[str, np.dtype]] | None:
-        """The features of the row of ``pieces``, in order, with their dtypes (each
-        ``seq_len`` long), where C assembles the row; None where it does not: broadcast
-        fields, a BOS id, a component feature, or pieces whose arrays are not 1-D arrays of
-        one dtype (pieces placed by length make their tokens here)."""
-        if self._n_arrays != len(self.columns) or self.bos_id is not None:
-            return None
-        if self.component_feature is not None or _NATIVE is None:
-            return None
-        layout = []
-        n_features = len(self.features)
-        ndarray = np.ndarray
-        for j, name in enumerate(self.columns):
-            if not pieces:
-                return None
-            first = pieces[0].arrays[j]
-            if type(first) is not ndarray:
-                return None
-            dtype = first.dtype
-            for p in pieces:
-                a = p.arrays[j]
-                if type(a) is not ndarray or a.dtype != dtype or a.ndim != 1:
-                    return None
-                if not a.flags.c_contiguous:
-                    return None
-            layout.append((name, dtype))
-            if j < n_features:
-                layout += [(name + "_segment_ids", _INT32), (name + "_positions", _INT32)]
-        return layout
-
-    def write_native(self, pieces: list[Piece], row: dict[str, np.ndarray]) -> None:
-        """Writes the row of ``pieces`` into ``row`` (an array of ``seq_len`` per name of
-        :meth:`native_layout`, which must not be None), in C."""
-        native = _NATIVE
-        assert native is not None
-        n_features = len(self.features)
-        seg = pos = None
-        for j, name in enumerate(self.columns):
-            parts = [p.arrays[j] for p in pieces]
-            buf = row[name]
-            pad = self._pad_item(j, name, parts[0].dtype)
-            if j >= n_features:
-                native.assemble_into(parts, buf, pad, None, None)
-            elif seg is None:
-                seg, pos = row[name + "_segment_ids"], row[name + "_positions"]
-                native.assemble_into(parts, buf, pad, seg, pos)
-            else:
-                native.assemble_into(parts, buf, pad, None, None)
-                row[name + "_segment_ids"][...] = seg
-                row[name + "_positions"][...] = pos
-
-    def _pad_item(self, column: int, name: str, dtype: np.dtype) -> bytes:
-        """The bytes of one ``dtype`` item of ``column``'s pad value (checked to fit)."""
-        key = (column, dtype)
-        item = self._pad_items.get(key)
-        if item is None:
-            pad = self._pads[column]
-            self._check_pad(column, name, pad, dtype)
-            item = self._pad_items[key] = np.array(pad, dtype=dtype).tobytes()
-        return item
+        return PackedRow(self.rows, held, lane, contributors, mix)
 
     def flush(self, reset: bool, lane_id: int) -> Iterable[Output]:
         bins = self._lanes.get(lane_id)
@@ -675,16 +472,6 @@ def _names(what: str, names: Any) -> tuple[str, ...]:
 
 def _arrival(row: tuple[int, list[Piece]]) -> int:
     return row[0]
-
-
-def _component(p: Piece) -> int:
-    """The mixture component of a piece (a piece of one sample has one)."""
-    if len(p.component_tokens) != 1:
-        raise ValueError(
-            f"pack(component_feature=...): a piece carries {len(p.component_tokens)} components "
-            f"{sorted(p.component_tokens)}; per-token components need pieces of one sample each"
-        )
-    return next(iter(p.component_tokens))
 
 
 def _compact(held: list[list[Piece]]) -> None:

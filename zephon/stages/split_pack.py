@@ -25,8 +25,9 @@ from typing import Any
 import numpy as np
 
 from zephon.chunks import WorkChunk
+from zephon.operators.assembly import Piece
 from zephon.operators.base import OpStats, OpTraits, Output
-from zephon.operators.pack import Pack, Piece
+from zephon.operators.pack import Pack
 from zephon.operators.split import Split
 from zephon.operators.tokenize import Tokenize
 from zephon.records import Contributor, FlushSentinel, Record

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import zephon as zp
+from zephon.operators.assembly import RowAssembler
 from zephon.operators.pack import Pack, Piece
 from zephon.records import Contributor, LazyRecord, Record, SampleCursor
 from zephon.testing import assert_resumes_exactly, assert_resumes_through_breaks, take
@@ -270,21 +271,21 @@ def test_restore_never_assembles_the_bins_the_replay_filter_drops(
         state = p.checkpoint()
         expected = take(p, 3)
     assembled = 0
-    assemble, write = Pack._assemble, Pack.write_native
+    assemble, write = RowAssembler.assemble, RowAssembler.write_native
 
-    def counting(self: Pack, pieces: list[Piece]) -> dict[str, np.ndarray]:
+    def counting(self: RowAssembler, pieces: list[Piece]) -> dict[str, np.ndarray]:
         nonlocal assembled
         assembled += 1
         return assemble(self, pieces)
 
-    def counting_write(self: Pack, pieces: list[Piece], row: dict[str, np.ndarray]) -> None:
+    def counting_write(self: RowAssembler, pieces: list[Piece], row: dict[str, np.ndarray]) -> None:
         nonlocal assembled
         assembled += 1
         write(self, pieces, row)
 
     # A row is assembled on its own, or written straight into its batch's row.
-    monkeypatch.setattr(Pack, "_assemble", counting)
-    monkeypatch.setattr(Pack, "write_native", counting_write)
+    monkeypatch.setattr(RowAssembler, "assemble", counting)
+    monkeypatch.setattr(RowAssembler, "write_native", counting_write)
     with build() as q:
         q.restore(state)
         got = take(q, 3)
