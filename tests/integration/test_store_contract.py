@@ -6,7 +6,6 @@ etcd faults (a stalled server, failover) are in test_store_etcd_faults.py."""
 from __future__ import annotations
 
 import logging
-
 import os
 import signal
 import subprocess

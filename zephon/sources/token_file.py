@@ -135,7 +135,7 @@ class TokenFileSource:
         files, lo, hi = self._spans(indices)
         los, his = lo.tolist(), hi.tolist()
         out: list[dict[str, np.ndarray]] = [{} for _ in los]
-        remote = []
+        remote: list[int] = []
         int32 = np.int32
         for f in np.unique(files).tolist() if len(self._paths) > 1 else (0,):
             where = range(len(los)) if len(self._paths) == 1 else np.flatnonzero(files == f)

@@ -134,4 +134,11 @@ def test_read_across_files_keeps_the_order_asked(tmp_path):
     ds = TokenFileSource(str(tmp_path / "s*.bin"), eos_id=0)
     assert len(ds) == 5
     got = ds.read([4, 0, 2, 3, 1, 4])
-    assert [d["tokens"].tolist() for d in got] == [[5, 0], [1, 0], [3, 0], [4, 4, 0], [2, 0], [5, 0]]
+    assert [d["tokens"].tolist() for d in got] == [
+        [5, 0],
+        [1, 0],
+        [3, 0],
+        [4, 4, 0],
+        [2, 0],
+        [5, 0],
+    ]
