@@ -11,11 +11,12 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from zephon.checkpoint.rounds.context import RoundContext, RoundStats
+from zephon.checkpoint.rounds.context import RoundContext
 from zephon.checkpoint.rounds.follower import Follower
 from zephon.checkpoint.rounds.job import resolve_job_id
 from zephon.checkpoint.rounds.keys import LEADER_RANK, Keys
 from zephon.checkpoint.rounds.leader import Leader
+from zephon.checkpoint.rounds.stats import RoundStats
 from zephon.checkpoint.share import SHARE_KEY
 from zephon.checkpoint.stores import Store, open_store
 from zephon.errors import AggregationError

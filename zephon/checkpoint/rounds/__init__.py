@@ -5,7 +5,9 @@ The leader/follower round of the seed page ("Multi-rank aggregation"), over any
 rank 0. The entry point is :class:`zephon.checkpoint.aggregate.Aggregator`; this package
 holds its parts: ``keys`` (where everything lives, what the records hold), ``job`` (the job
 id), ``wait`` (one budget, backoff, watches), ``leader``, ``follower``, ``context`` (what
-both share: deciding a round, probing the store).
+both share: deciding a round, probing the store), ``checks`` (the leader's checks of what
+the ranks sent), ``publish`` (the records left for the followers' shares), ``stats`` (what
+a round cost).
 
 Leader::
 
@@ -83,9 +85,9 @@ One ``timeout_s`` budget covers the whole round. The commit stays in the store a
 followers that have not read it.
 """
 
-from zephon.checkpoint.rounds.context import RoundStats
 from zephon.checkpoint.rounds.job import DEFAULT_JOB_ID, resolve_job_id
 from zephon.checkpoint.rounds.keys import LEADER_RANK, Announcement, Keys
+from zephon.checkpoint.rounds.stats import RoundStats
 from zephon.checkpoint.share import SHARE_KEY
 
 __all__ = [

@@ -11,26 +11,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from zephon.checkpoint.rounds.keys import ABORT, COMMIT, Keys, decode, encode
+from zephon.checkpoint.rounds.stats import RoundStats  # (re-exported: it lived here)
 from zephon.checkpoint.rounds.wait import open_watch
 from zephon.checkpoint.stores.base import counters_of
 from zephon.errors import AggregationError
 
 __all__ = ["Decision", "RoundContext", "RoundStats"]
-
-
-@dataclass(frozen=True)
-class RoundStats:
-    """What one rank's last round cost: wall time and the store traffic of this rank's
-    store object during it (requests sent, value bytes read and written, events pushed)."""
-
-    round_id: str | None
-    role: str
-    ok: bool
-    elapsed_ms: float
-    requests: int
-    bytes_read: int
-    bytes_written: int
-    events: int
 
 
 @dataclass(frozen=True)
@@ -128,6 +114,12 @@ class RoundContext:
 
     def counters(self) -> dict[str, int]:
         return counters_of(self.store)
+
+    def record(self, kind: str, rid: str, **fields: Any) -> bytes:
+        """A record of round ``rid`` of this job and pipeline: the ids, then ``fields``."""
+        return encode(
+            kind, round_id=rid, job_id=self.job_id, fingerprint=self.fingerprint, **fields
+        )
 
     # -------------------------------------------------------------------- deciding
 

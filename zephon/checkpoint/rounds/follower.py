@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from zephon.checkpoint.rounds.context import Decision, RoundContext, RoundStats, read_decision
+from zephon.checkpoint.rounds.context import Decision, RoundContext, read_decision
 from zephon.checkpoint.rounds.keys import (
     DIGEST_BYTES,
     LEADER_RANK,
@@ -14,9 +14,8 @@ from zephon.checkpoint.rounds.keys import (
     Announcement,
     decode,
     digest,
-    encode,
 )
-from zephon.checkpoint.rounds.leader import _stats
+from zephon.checkpoint.rounds.stats import RoundStats, round_stats
 from zephon.checkpoint.rounds.wait import ControlView, Deadline
 from zephon.checkpoint.share import SHARE_KEY, Share
 from zephon.errors import AggregationError, CheckpointError
@@ -109,7 +108,7 @@ class Follower:
             return result
         finally:
             rid_or_none = joined.ann.round_id if joined.ann is not None else None
-            self.last = _stats(ctx, rid_or_none or "", "follower", ok, deadline, before)
+            self.last = round_stats(ctx, rid_or_none or "", "follower", ok, deadline, before)
 
     # ------------------------------------------------------------------------ joining
 
@@ -182,15 +181,7 @@ class Follower:
         ctx, keys = self.ctx, self.ctx.keys
         rid = joined.ann.round_id
         try:
-            record = encode(
-                STATE,
-                round_id=rid,
-                job_id=ctx.job_id,
-                fingerprint=ctx.fingerprint,
-                rank=ctx.rank,
-                world_size=ctx.world_size,
-                state=state,
-            )
+            record = ctx.record(STATE, rid, rank=ctx.rank, world_size=ctx.world_size, state=state)
         except CheckpointError as e:
             # Tell everyone, so the whole round fails now rather than at the deadline.
             ctx.abort(rid, f"rank {ctx.rank} cannot serialise its state: {e}")

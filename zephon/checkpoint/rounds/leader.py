@@ -6,30 +6,37 @@ import contextlib
 import os
 import re
 import socket
-import threading
 import uuid
 from typing import Any
 
-from zephon.checkpoint.rounds.context import RoundContext, RoundStats, read_decision
+from zephon.checkpoint.rounds.checks import (
+    Decided,
+    check_not_ended,
+    checked_state,
+    leader_topology,
+    merged_header,
+    missing_message,
+)
+from zephon.checkpoint.rounds.context import RoundContext, read_decision
 from zephon.checkpoint.rounds.keys import (
     COMMIT,
     DIGEST_BYTES,
     LEADER_RANK,
-    MERGED,
     STATE,
     Announcement,
     Keys,
-    decode,
     digest,
-    encode,
 )
+from zephon.checkpoint.rounds.publish import MergedPublisher
+from zephon.checkpoint.rounds.stats import RoundStats, round_stats
 from zephon.checkpoint.rounds.wait import (
     LEADER_POLL_PER_RANK_S,
     ControlView,
     Deadline,
     PrefixFeed,
+    await_deleted,
 )
-from zephon.checkpoint.stores.base import KeyHeldError, StaleRoundError, get_many
+from zephon.checkpoint.stores.base import KeyHeldError, StaleRoundError
 from zephon.errors import AggregationError, CheckpointError
 
 __all__ = ["Leader"]
@@ -37,11 +44,6 @@ __all__ = ["Leader"]
 _RID = re.compile(r"[0-9a-f]{12}-[0-9]{1,12}")  # <session>-<counter>
 #: How many void rounds (see Leader.void) an announcement names.
 _VOID_KEPT = 8
-
-
-class _Decided(AggregationError):
-    """The round's decision key already holds an abort (a follower's notice): the leader
-    fails with it and publishes nothing more."""
 
 
 class Leader:
@@ -63,12 +65,9 @@ class Leader:
         self.void: list[str] = []
         self.deferred: list[str] = []  # commits to delete with the next announcement
         self.merged_kept: list[str] = []  # state records left for the followers' shares
-        self._gen_seen = False  # this round's generation was read back at least once
         self._records: list[bytes] = []  # the state records of the round being run
-        #: The thread leaving the round's records for the shares (see _publish_merged) while
-        #: the followers acknowledge, and the key it wrote; joined before round() returns.
-        self._publishing: threading.Thread | None = None
-        self._published: str | None = None
+        #: Leaves the round's records for the shares while the followers acknowledge.
+        self._publisher = MergedPublisher(ctx)
         self.last: RoundStats | None = None
 
     # ------------------------------------------------------------------------- round
@@ -104,34 +103,22 @@ class Leader:
             # The records for the shares are written while the followers acknowledge the
             # commit: on a thread, joined before this round returns.
             records, self._records = self._records, []
-            self._publishing = threading.Thread(
-                target=self._publish_merged,
-                args=(rid, records),
-                name=f"zephon-publish-{rid}",
-                daemon=True,
-            )
-            self._publishing.start()
+            self._publisher.start(rid, records)
             try:
                 self._after_commit(rid, deadline)
             finally:
-                self._join_publishing()
+                published = self._publisher.join()
+                if published is not None:
+                    self.merged_kept.append(published)
             return merged
         finally:
-            self.last = _stats(ctx, rid, "leader", ok, deadline, before)
+            self.last = round_stats(ctx, rid, "leader", ok, deadline, before)
 
     def _run(
         self, rid: str, ann: Announcement, state: dict[str, Any], deadline: Deadline
     ) -> dict[str, Any]:
         ctx, keys, n = self.ctx, self.ctx.keys, self.ctx.world_size
-        own = encode(
-            STATE,
-            round_id=rid,
-            job_id=ctx.job_id,
-            fingerprint=ctx.fingerprint,
-            rank=LEADER_RANK,
-            world_size=n,
-            state=state,
-        )
+        own = ctx.record(STATE, rid, rank=LEADER_RANK, world_size=n, state=state)
         self._hold_liveness()
         watch = ctx.watch(keys.prefix)
         self._clear_leftover_announcement(watch)
@@ -165,12 +152,10 @@ class Leader:
             raise AggregationError(
                 f"{ctx.p} merging the states of round {rid} failed: {type(e).__name__}: {e}"
             ) from e
-        header, lanes_total = self._header(rid, merged, states)
-        commit = encode(
+        header, lanes_total = merged_header(ctx, rid, merged, states)
+        commit = ctx.record(
             COMMIT,
-            round_id=rid,
-            job_id=ctx.job_id,
-            fingerprint=ctx.fingerprint,
+            rid,
             world_size=n,
             digests=b"".join(digests),
             header=header,
@@ -198,7 +183,7 @@ class Leader:
             ) from e
         if existing is not None and existing != commit:
             d = read_decision(existing)
-            raise _Decided(
+            raise Decided(
                 f"{ctx.p} round {rid} was ended before this leader could commit it:"
                 f" {_by(d.record)}{ctx.why(rid, d)}"
             )
@@ -211,49 +196,6 @@ class Leader:
             t_collect,
         )
         return merged
-
-    def _join_publishing(self) -> None:
-        """Wait for the round's records to be left for the shares and keep their key with
-        the others to delete."""
-        if self._publishing is not None:
-            self._publishing.join()
-            self._publishing = None
-        if self._published is not None:
-            self.merged_kept.append(self._published)
-            self._published = None
-
-    def _publish_merged(self, rid: str, records: list[bytes]) -> None:
-        """Leave what the merged state is made of in the store (``-m.<rid>``: every rank's
-        state record as the leader received it, whose digests the commit lists) for the
-        followers' shares (:class:`zephon.checkpoint.share.Share`): nobody reads it in the
-        round; a follower that saves its share, or restores lanes it does not own, does,
-        and merges them as the leader did. The records are already encoded, so this costs
-        the leader one write, not an encoding of every lane. On a thread of its own after
-        the commit, while the followers acknowledge it (a share waits for it, within one
-        round budget); never fails the round (a share that cannot find it
-        says so when it is saved)."""
-        ctx, keys = self.ctx, self.ctx.keys
-        try:
-            blob = encode(
-                MERGED,
-                round_id=rid,
-                job_id=ctx.job_id,
-                fingerprint=ctx.fingerprint,
-                records=records,
-            )
-            ctx.store.put(keys.merged(rid), blob)
-        except Exception as e:  # noqa: BLE001
-            ctx.log.warning(
-                "%s round %s: could not leave the round's state records in %s for the followers'"
-                " shares (saving a share will fail): %s: %s",
-                ctx.p,
-                rid,
-                ctx.where,
-                type(e).__name__,
-                e,
-            )
-            return
-        self._published = keys.merged(rid)
 
     def _after_commit(self, rid: str, deadline: Deadline) -> None:
         """Wait for the acks; then clean up. Nothing here fails the round: store errors
@@ -379,12 +321,7 @@ class Leader:
         watch: Any,
     ) -> tuple[list[dict[str, Any]], list[bytes], list[bytes]]:
         ctx, keys, n = self.ctx, self.ctx.keys, self.ctx.world_size
-        ref = own.get("topology") if isinstance(own, dict) else None
-        if not isinstance(ref, dict):
-            raise AggregationError(
-                f"{ctx.p} the leader's own state has no 'topology' dict; got {type(ref).__name__}"
-            )
-        self._check_state(rid, LEADER_RANK, own, ref)
+        ref = leader_topology(ctx, rid, own)
         states: list[Any] = [None] * n
         digests = [b"\x00" * DIGEST_BYTES] * n
         records = [b""] * n
@@ -394,153 +331,22 @@ class Leader:
         missing = {r for r in range(n) if r != LEADER_RANK}
         feed = PrefixFeed(ctx.store, watch, keys.states(rid), [keys.state(rid, r) for r in missing])
         view = ControlView(ctx.store, watch, deadline, n, LEADER_POLL_PER_RANK_S)
-        self._gen_seen = False
+        gen_seen = False  # this round's generation was read back at least once
         while True:
             changes = watch.drain() if view.pushed else None
             for key, blob in feed.poll(changes).items():
                 r = Keys.rank_of(key)
                 if r is None or r not in missing:
                     continue
-                rec = decode(blob, STATE)
-                if rec is None:
-                    raise AggregationError(
-                        f"{ctx.p} rank {r}'s state record in round {rid} ({key} in"
-                        f" {ctx.where}) is unreadable; is another program writing there?"
-                    )
-                self._check_identity(rid, r, rec)
-                if "error" in rec:
-                    raise AggregationError(
-                        f"{ctx.p} rank {r} could not take part in round {rid}: {rec['error']}"
-                    )
-                self._check_state(rid, r, rec.get("state"), ref)
-                states[r] = rec["state"]
+                states[r] = checked_state(ctx, rid, r, key, blob, ref)
                 digests[r] = digest(blob)
                 records[r] = blob
                 missing.discard(r)
             if not missing:
                 return states, digests, records
-            self._check_not_ended(rid, view)
+            gen_seen = check_not_ended(ctx, rid, view, gen_seen)
             if not view.sleep():
-                raise AggregationError(self._missing_message(rid, sorted(missing)))
-
-    def _check_not_ended(self, rid: str, view: ControlView) -> None:
-        """A follower's failure notice (the decision key) or the generation key gone (a
-        rank that could not write even a notice) ends the collection at once."""
-        ctx, keys = self.ctx, self.ctx.keys
-        decision, gen = view.get_many([keys.decision(rid), keys.gen])
-        if decision is not None:
-            d = read_decision(decision)
-            rank = d.record.get("rank")
-            who = f"rank {rank}" if isinstance(rank, int) else "a rank"
-            raise _Decided(f"{ctx.p} {who} could not take part in round {rid}: {ctx.why(rid, d)}")
-        if gen == rid.encode():
-            self._gen_seen = True
-        elif self._gen_seen:  # (a watch may not show this leader's own announce yet)
-            if gen is None:
-                refused = ctx.probe()
-                if refused is not None:
-                    raise AggregationError(ctx.refused_message(rid, refused))
-                raise AggregationError(
-                    f"{ctx.p} round {rid} was ended: its generation key {keys.gen!r} was"
-                    f" removed from {ctx.where} (a rank that could not write to the store"
-                    " ends a round that way)"
-                )
-            raise AggregationError(
-                f"{ctx.p} round {rid} cannot publish its merged result: a newer round was"
-                f" announced in {ctx.where} meanwhile, so this leader is stale"
-                f" (generation is now {gen.decode(errors='replace')!r})"
-            )
-
-    def _check_identity(self, rid: str, r: int, rec: dict[str, Any]) -> None:
-        ctx, n = self.ctx, self.ctx.world_size
-        theirs = (rec.get("job_id"), rec.get("fingerprint"))
-        if theirs != (ctx.job_id, ctx.fingerprint):
-            fp = str(theirs[1])
-            raise AggregationError(
-                f"{ctx.p} rank {r}'s state in round {rid} belongs to job {theirs[0]!r},"
-                f" pipeline {fp[:12]}…, but this leader runs {ctx.who()}: a state of another"
-                " job or pipeline is never merged. Every rank of a job must get the same job"
-                " id (ZEPHON_JOB_ID or the launcher's) and build the same pipeline"
-            )
-        if rec.get("round_id") != rid or rec.get("rank") != r or rec.get("world_size") != n:
-            raise AggregationError(
-                f"{ctx.p} the state record under rank {r}'s key of round {rid} says round"
-                f" {rec.get('round_id')!r}, rank {rec.get('rank')!r}, world_size"
-                f" {rec.get('world_size')!r}; is another program writing to {ctx.where}?"
-            )
-
-    def _check_state(self, rid: str, r: int, st: Any, ref: dict[str, Any]) -> None:
-        """Raise at once if rank ``r``'s state disagrees with the leader's lane mapping."""
-        ctx = self.ctx
-        problems: list[str] = []
-        topo = st.get("topology") if isinstance(st, dict) else None
-        if not isinstance(topo, dict):
-            problems.append("it has no 'topology' dict")
-        else:
-            wanted = {
-                "rank": r,
-                "world_size": ctx.world_size,
-                "dp_size": ref.get("dp_size"),
-                "canonical_replicas": ref.get("canonical_replicas"),
-            }
-            for field, want in wanted.items():
-                if topo.get(field) != want:
-                    problems.append(f"{field}={topo.get(field)!r} (the leader has {want!r})")
-        expected = sorted(int(x) for x in ctx.expected_lanes(r))
-        lanes = st.get("lanes") if isinstance(st, dict) else None
-        if not isinstance(lanes, list) or not all(isinstance(x, dict) for x in lanes):
-            problems.append("its 'lanes' is not a list of {'lane': int, ...} dicts")
-        else:
-            raw = [x.get("lane") for x in lanes]
-            ids = [x for x in raw if isinstance(x, int) and not isinstance(x, bool)]
-            if len(ids) != len(raw):
-                problems.append(f"its lane ids {raw!r} are not all ints")
-            elif sorted(ids) != expected:
-                problems.append(f"it reports lanes {sorted(ids)}, the leader expects {expected}")
-        if problems:
-            raise AggregationError(
-                f"{ctx.p} rank {r}'s state in round {rid} disagrees with the leader's lane"
-                f" mapping: {'; '.join(problems)}. Every rank must build its pipeline with the"
-                " same canonical_replicas, world_size and dp_size."
-            )
-
-    def _header(
-        self, rid: str, merged: Any, states: list[dict[str, Any]]
-    ) -> tuple[dict[str, Any], int]:
-        """The merged state without its lanes (what the commit carries), after checking
-        that the merged lanes are the ranks' own lane states, which followers keep."""
-        ctx = self.ctx
-        lanes = merged.get("lanes") if isinstance(merged, dict) else None
-        if not isinstance(lanes, list):
-            raise AggregationError(
-                f"{ctx.p} merging round {rid} returned no 'lanes' list; got {type(merged).__name__}"
-            )
-        reported: dict[Any, list[Any]] = {}
-        for st in states:
-            for ls in st["lanes"]:
-                reported.setdefault(ls.get("lane"), []).append(ls)
-        for ls in lanes:
-            lane = ls.get("lane") if isinstance(ls, dict) else None
-            got = reported.get(lane, [])
-            if not any(x is ls for x in got) and not any(x == ls for x in got):
-                raise AggregationError(
-                    f"{ctx.p} merging round {rid} changed the state of lane {lane!r}: a"
-                    " round's merge must keep each lane's state as a rank reported it"
-                    " (followers keep their own copy and never read the merged lanes)"
-                )
-        return {k: v for k, v in merged.items() if k != "lanes"}, len(lanes)
-
-    def _missing_message(self, rid: str, missing: list[int]) -> str:
-        ctx = self.ctx
-        parts = [f"rank {r} (lanes {sorted(ctx.expected_lanes(r))})" for r in missing[:32]]
-        if len(missing) > 32:
-            parts.append(f"and {len(missing) - 32} more")
-        return (
-            f"{ctx.p} checkpoint round {rid} timed out after {ctx.timeout_s:g} s waiting for"
-            f" {len(missing)} of {ctx.world_size} ranks in {ctx.where}: {'; '.join(parts)}."
-            " Every rank must call checkpoint() at the same step (raise aggregate_timeout_s"
-            " if some ranks are just slow)."
-        )
+                raise AggregationError(missing_message(ctx, rid, sorted(missing)))
 
     def _wait_acks(self, rid: str, deadline: Deadline) -> list[int]:
         """The followers whose state key is still there at the deadline (a follower
@@ -549,29 +355,8 @@ class Leader:
         remaining = {keys.state(rid, r): r for r in range(n) if r != LEADER_RANK}
         if not remaining:
             return []
-        watch = ctx.watch(keys.prefix)
-        view = ControlView(ctx.store, watch, deadline, n, LEADER_POLL_PER_RANK_S)
-        can_list = callable(getattr(ctx.store, "list_keys", None))
-        if view.pushed:  # what was deleted before this wait is already out of the copy
-            for key in [k for k in remaining if watch.get(k) is None]:
-                del remaining[key]
-        while remaining:
-            if view.pushed:
-                for key, value in watch.drain().items():
-                    if value is None:
-                        remaining.pop(key, None)
-            elif can_list:
-                present = set(ctx.store.list_keys(keys.states(rid)))
-                for key in [k for k in remaining if k not in present]:
-                    del remaining[key]
-            else:
-                names = list(remaining)
-                for key, value in zip(names, get_many(ctx.store, names), strict=True):
-                    if value is None:
-                        del remaining[key]
-            if not remaining or not view.sleep():
-                break
-        return sorted(remaining.values())
+        view = ControlView(ctx.store, ctx.watch(keys.prefix), deadline, n, LEADER_POLL_PER_RANK_S)
+        return await_deleted(view, keys.states(rid), remaining)
 
     def _fail(self, rid: str, error: BaseException) -> None:
         """Publish the failure notice (the round's decision: an abort), so followers fail
@@ -584,28 +369,29 @@ class Leader:
         if self.announced != rid:
             # Never announced (its first write failed, or another leader holds the
             # location): there is no round to end, and no key here is this leader's.
-            if ctx.probe() is not None and self.lease is not None:
-                with contextlib.suppress(Exception):
-                    self.lease.stop()
-                self.lease = None
+            self._drop_lease_if_refused()
             return
         self.failed = keys.decision(rid)
         if keys.decision(rid) not in self.kept:
             self.kept.append(keys.decision(rid))
-        if isinstance(error, _Decided):
+        if isinstance(error, Decided):
             return  # the decision is there already
         if rid in self.void:  # see Announcement.void: the notice may land late, like it
             ctx.abort(rid, message, void=True)
         else:
             ctx.abort(rid, message)
-        if ctx.probe() is not None and self.lease is not None:
-            # The store refuses writes: followers that have not seen this round learn it
-            # from the leader's liveness key vanishing (deletes still work) and a probe.
+        # The store refuses writes? Followers that have not seen this round learn it from
+        # the leader's liveness key vanishing (deletes still work) and a probe.
+        self._drop_lease_if_refused()
+        # The announcement stays (until the next round replaces it, or close()): a follower
+        # that had not read it yet still joins this round and then finds the notice.
+
+    def _drop_lease_if_refused(self) -> None:
+        """Give the liveness key up if the store refuses this rank's writes."""
+        if self.ctx.probe() is not None and self.lease is not None:
             with contextlib.suppress(Exception):
                 self.lease.stop()
             self.lease = None
-        # The announcement stays (until the next round replaces it, or close()): a follower
-        # that had not read it yet still joins this round and then finds the notice.
 
     # ------------------------------------------------------------------------- close
 
@@ -643,19 +429,3 @@ class Leader:
 def _by(record: dict[str, Any]) -> str:
     rank = record.get("rank")
     return f"rank {rank}: " if isinstance(rank, int) else ""
-
-
-def _stats(
-    ctx: RoundContext, rid: str, role: str, ok: bool, deadline: Deadline, before: dict[str, int]
-) -> RoundStats:
-    after = ctx.counters()
-    return RoundStats(
-        round_id=rid,
-        role=role,
-        ok=ok,
-        elapsed_ms=deadline.elapsed_ms(),
-        requests=after["requests"] - before["requests"],
-        bytes_read=after["bytes_read"] - before["bytes_read"],
-        bytes_written=after["bytes_written"] - before["bytes_written"],
-        events=after["events"] - before["events"],
-    )
