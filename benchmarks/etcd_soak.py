@@ -110,7 +110,8 @@ def run(rounds: int, lanes: int, ranks: int, sample_every: int) -> dict[str, Any
 
 
 def main(argv: list[str] | None = None) -> int:
-    from benchmarks.common import print_table, write_results
+    from benchmarks.harness.results import write_results
+    from benchmarks.harness.tables import print_table
 
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter

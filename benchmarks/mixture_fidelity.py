@@ -63,7 +63,10 @@ from typing import Any
 import numpy as np
 
 import zephon as zp
-from benchmarks.common import interleaved_repeats, median_and_range, print_table, write_results
+from benchmarks.harness.results import write_results
+from benchmarks.harness.stats import median_and_range
+from benchmarks.harness.tables import print_table
+from benchmarks.harness.timing import interleaved_repeats
 from benchmarks.workload import BATCH_SIZE, BYTE_OFFSET, EOS_ID, NUM_BINS, SEQ_LEN
 
 WINDOW = 50

@@ -30,7 +30,9 @@ from typing import Any
 import numpy as np
 
 import zephon as zp
-from benchmarks.common import interleaved_repeats, measure_throughput, print_table, write_results
+from benchmarks.harness.results import write_results
+from benchmarks.harness.tables import print_table
+from benchmarks.harness.timing import interleaved_repeats, measure_throughput
 from benchmarks.workload import BATCH_SIZE, NUM_BINS, SEQ_LEN, SyntheticDocs, pregenerate
 
 STRATEGIES = ("first_fit", "best_fit", "concat_then_split")
