@@ -96,7 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     picked = _parse_only(args.only)
     results = Path(args.results)
 
-    from benchmarks.common import machine_info, print_table, write_results
+    from benchmarks.harness.machine import machine_info
+    from benchmarks.harness.results import write_results
+    from benchmarks.harness.tables import print_table
 
     info = machine_info()
     print(

@@ -30,7 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import print_table, write_results
+from benchmarks.harness.results import write_results
+from benchmarks.harness.tables import print_table
 
 ROOT = Path(__file__).resolve().parents[1]
 LANES = 8

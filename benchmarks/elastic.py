@@ -53,14 +53,12 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common import (
-    copy_batch,
-    interleaved_repeats,
-    median_and_range,
-    print_table,
-    write_results,
-)
 from benchmarks.flush_tradeoff import doc_tags, lm_shuffle_pipeline, tagged_docs
+from benchmarks.harness.batches import copy_batch
+from benchmarks.harness.results import write_results
+from benchmarks.harness.stats import median_and_range
+from benchmarks.harness.tables import print_table
+from benchmarks.harness.timing import interleaved_repeats
 from zephon.checkpoint.state import merge_states
 
 LANES = 8

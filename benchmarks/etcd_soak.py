@@ -169,7 +169,8 @@ def run(
 
 
 def main(argv: list[str] | None = None) -> int:
-    from benchmarks.common import print_table, write_results
+    from benchmarks.harness.results import write_results
+    from benchmarks.harness.tables import print_table
 
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter

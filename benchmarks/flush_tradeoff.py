@@ -46,15 +46,11 @@ from typing import Any
 import numpy as np
 
 import zephon as zp
-from benchmarks.common import (
-    batch_token_counts,
-    batches_equal,
-    interleaved_repeats,
-    measure_throughput,
-    print_table,
-    summarize,
-    write_results,
-)
+from benchmarks.harness.batches import batch_token_counts, batches_equal
+from benchmarks.harness.results import write_results
+from benchmarks.harness.stats import summarize
+from benchmarks.harness.tables import print_table
+from benchmarks.harness.timing import interleaved_repeats, measure_throughput
 from benchmarks.workload import (
     BATCH_SIZE,
     BYTE_OFFSET,

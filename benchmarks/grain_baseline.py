@@ -74,7 +74,8 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common import batches_equal, copy_batch, time_calls
+from benchmarks.harness.batches import batches_equal, copy_batch
+from benchmarks.harness.timing import time_calls
 from benchmarks.workload import (
     BATCH_SIZE,
     MAX_DOC_BYTES,

@@ -19,13 +19,10 @@ import argparse
 import sys
 from typing import Any
 
-from benchmarks.common import (
-    interleaved_repeats,
-    measure_throughput,
-    print_table,
-    summarize,
-    write_results,
-)
+from benchmarks.harness.results import write_results
+from benchmarks.harness.stats import summarize
+from benchmarks.harness.tables import print_table
+from benchmarks.harness.timing import interleaved_repeats, measure_throughput
 from benchmarks.workload import SyntheticDocs, pregenerate
 from benchmarks.zephon_lm import zephon_lm_pipeline
 

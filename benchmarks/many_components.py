@@ -35,7 +35,11 @@ from typing import Any
 import numpy as np
 
 import zephon as zp
-from benchmarks.common import interleaved_repeats, median_and_range, print_table, write_results
+from benchmarks.harness.results import write_results
+from benchmarks.harness.stats import median_and_range
+from benchmarks.harness.tables import print_table
+from benchmarks.harness.timing import interleaved_repeats
+from zephon.demo.pipelines import lm_chain
 
 LANES = 8
 CHUNK_SIZE = 64
@@ -127,13 +131,11 @@ def lm_pipeline(components: int, unit: str) -> zp.Pipeline:
             },
         }
     src = zp.StaticMixtureWorkSource(datasets, None, seed=0, chunk_size=CHUNK_SIZE, **kw)
-    return (
-        zp.Pipeline(src, canonical_replicas=LANES, flush_every_k_chunks=4, prefetch=0)
-        .fetch()
-        .tokenize(zp.ByteTokenizer())
-        .split(max_len=SEQ_LEN)
-        .pack(seq_len=SEQ_LEN, num_bins=NUM_BINS)
-        .batch(BATCH_SIZE)
+    return lm_chain(
+        zp.Pipeline(src, canonical_replicas=LANES, flush_every_k_chunks=4, prefetch=0),
+        seq_len=SEQ_LEN,
+        num_bins=NUM_BINS,
+        batch_size=BATCH_SIZE,
     )
 
 

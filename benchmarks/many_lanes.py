@@ -21,7 +21,8 @@ import sys
 import time
 from typing import Any
 
-from benchmarks.common import print_table, write_results
+from benchmarks.harness.results import write_results
+from benchmarks.harness.tables import print_table
 
 
 def _rss_mb() -> float:

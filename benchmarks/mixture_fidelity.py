@@ -63,8 +63,12 @@ from typing import Any
 import numpy as np
 
 import zephon as zp
-from benchmarks.common import interleaved_repeats, median_and_range, print_table, write_results
+from benchmarks.harness.results import write_results
+from benchmarks.harness.stats import median_and_range
+from benchmarks.harness.tables import print_table
+from benchmarks.harness.timing import interleaved_repeats
 from benchmarks.workload import BATCH_SIZE, BYTE_OFFSET, EOS_ID, NUM_BINS, SEQ_LEN
+from zephon.demo.pipelines import lm_chain
 
 WINDOW = 50
 WINDOWS = (50, 100)
@@ -154,16 +158,14 @@ def zephon_mixture_iter(
         chunk_size=chunk_size,
         **kw,
     )
-    p = (
-        zp.Pipeline(src, canonical_replicas=lanes, flush_every_k_chunks=k)
-        .fetch()
-        .tokenize(zp.ByteTokenizer())
-        .split(max_len=SEQ_LEN)
-        .pack(seq_len=SEQ_LEN, num_bins=NUM_BINS, order=order)
+    return lm_chain(
+        zp.Pipeline(src, canonical_replicas=lanes, flush_every_k_chunks=k),
+        seq_len=SEQ_LEN,
+        num_bins=NUM_BINS,
+        pack_kw={"order": order},
+        ensure_mixture=False if ensure is None else ensure,
+        batch_size=BATCH_SIZE,
     )
-    if ensure is not None:
-        p = p.ensure_mixture(list(ensure))
-    return p.batch(BATCH_SIZE)
 
 
 def grain_mixture_iter(

@@ -29,39 +29,13 @@ from typing import Any
 
 import numpy as np
 
-import zephon as zp
-from benchmarks.common import interleaved_repeats, measure_throughput, print_table, write_results
+from benchmarks.harness.results import write_results
+from benchmarks.harness.tables import print_table
+from benchmarks.harness.timing import interleaved_repeats, measure_throughput
 from benchmarks.workload import BATCH_SIZE, NUM_BINS, SEQ_LEN, SyntheticDocs, pregenerate
+from benchmarks.zephon_lm import zephon_lm_pipeline
 
 STRATEGIES = ("first_fit", "best_fit", "concat_then_split")
-
-
-def zephon_packing_pipeline(
-    docs: Sequence[str],
-    seed: int,
-    strategy: str,
-    *,
-    lanes: int = 8,
-    chunk_size: int = 64,
-    flush_every_k_chunks: int = 4,
-    seq_len: int = SEQ_LEN,
-    num_bins: int = NUM_BINS,
-    batch_size: int = BATCH_SIZE,
-) -> zp.Pipeline:
-    """The LM pipeline with ``pack(strategy=...)``, in process."""
-    src = zp.StaticMixtureWorkSource([zp.ArraySource(docs)], seed=seed, chunk_size=chunk_size)
-    pipe = (
-        zp.Pipeline(
-            src, canonical_replicas=lanes, flush_every_k_chunks=flush_every_k_chunks, prefetch=0
-        )
-        .fetch()
-        .tokenize(zp.ByteTokenizer())
-    )
-    if strategy == "concat_then_split":
-        pipe = pipe.pack(seq_len, strategy=strategy)
-    else:
-        pipe = pipe.split(max_len=seq_len).pack(seq_len, num_bins, strategy=strategy)
-    return pipe.batch(batch_size)
 
 
 def grain_packing_iter(
@@ -99,7 +73,9 @@ def candidates(
     cands: dict[str, Any] = {}
     for strategy in STRATEGIES:
         cands[f"zephon {strategy}"] = lambda s=strategy: measure_throughput(
-            lambda: zephon_packing_pipeline(docs, seed, s), batches, warmup
+            lambda: zephon_lm_pipeline(docs, seed, prefetch=0, pack_kw={"strategy": s}),
+            batches,
+            warmup,
         )
         if with_grain:
             cands[f"grain {strategy}"] = lambda s=strategy: measure_throughput(

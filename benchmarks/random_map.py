@@ -23,7 +23,9 @@ from typing import Any
 import numpy as np
 
 import zephon as zp
-from benchmarks.common import interleaved_repeats, print_table, write_results
+from benchmarks.harness.results import write_results
+from benchmarks.harness.tables import print_table
+from benchmarks.harness.timing import interleaved_repeats
 
 MASK_ID = 3
 DOC_LEN = 512

@@ -27,16 +27,11 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import zephon as zp
-from benchmarks.common import (
-    batches_equal,
-    copy_batch,
-    interleaved_repeats,
-    median_and_range,
-    print_table,
-    summarize,
-    time_calls,
-    write_results,
-)
+from benchmarks.harness.batches import batches_equal, copy_batch
+from benchmarks.harness.results import write_results
+from benchmarks.harness.stats import median_and_range, summarize
+from benchmarks.harness.tables import print_table
+from benchmarks.harness.timing import interleaved_repeats, time_calls
 from benchmarks.workload import SyntheticDocs, pregenerate
 from benchmarks.zephon_lm import zephon_lm_pipeline
 

@@ -22,15 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import zephon as zp
-from benchmarks.common import (
-    interleaved_repeats,
-    measure_throughput,
-    print_table,
-    summarize,
-    write_results,
-)
+from benchmarks.harness.results import write_results
+from benchmarks.harness.stats import summarize
+from benchmarks.harness.tables import print_table
+from benchmarks.harness.timing import interleaved_repeats, measure_throughput
 from benchmarks.workload import SyntheticDocs, pregenerate
 from benchmarks.zephon_lm import zephon_lm_pipeline
+from zephon.demo.pipelines import lm_chain
 from zephon.options import DEFAULT_RING_SLOTS
 
 DEFAULT_PREFETCH = 0  # Pipeline's default with workers (prefetch=None)
@@ -56,13 +54,12 @@ def pipeline(
     if workload == "lm":
         return zephon_lm_pipeline(docs, 0, 2, **kw)
     src = zp.StaticMixtureWorkSource([zp.ArraySource(docs)], seed=0, chunk_size=64)
-    return (
-        zp.Pipeline(src, canonical_replicas=8, workers=2, **kw)
-        .fetch()
-        .tokenize(zp.HFTokenizer(tokenizer_path))
-        .split(max_len=1024)
-        .pack(seq_len=1024, num_bins=8)
-        .batch(8)
+    return lm_chain(
+        zp.Pipeline(src, canonical_replicas=8, workers=2, **kw),
+        tokenizer=zp.HFTokenizer(tokenizer_path),
+        seq_len=1024,
+        num_bins=8,
+        batch_size=8,
     )
 
 

@@ -195,7 +195,8 @@ def _etcd_rows(rounds: int, threads: bool) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from benchmarks.common import print_table, write_results
+    from benchmarks.harness.results import write_results
+    from benchmarks.harness.tables import print_table
 
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter

@@ -361,7 +361,8 @@ def fault_rows(world_size: int, processes: int) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from benchmarks.common import print_table, write_results
+    from benchmarks.harness.results import write_results
+    from benchmarks.harness.tables import print_table
 
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter

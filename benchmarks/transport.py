@@ -21,7 +21,8 @@ from typing import Any
 import multiprocess as mp
 import numpy as np
 
-from benchmarks.common import print_table, write_results
+from benchmarks.harness.results import write_results
+from benchmarks.harness.tables import print_table
 
 SIZES = {"64 KiB": 64 << 10, "192 KiB": 192 << 10, "1 MiB": 1 << 20}
 

@@ -34,7 +34,9 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common import descendant_pids, print_table, write_results
+from benchmarks.harness.cpu import descendant_pids
+from benchmarks.harness.results import write_results
+from benchmarks.harness.tables import print_table
 
 ROOT = Path(__file__).resolve().parents[1]
 ROW_FLOATS = 1024  # 4 KiB rows: one page each

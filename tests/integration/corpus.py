@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 import zephon as zp
+from zephon.demo.pipelines import lm_chain
 
 
 def docs(n: int, seed: int, lo: int = 5, hi: int = 300, alphabet: str = "abcdefgh ") -> list[str]:
@@ -30,8 +31,9 @@ def lm_pipeline(
     pack_kw: dict | None = None,
     **kw,
 ) -> zp.Pipeline:
-    """tokenize -> split -> pack -> shuffle -> ensure_mixture -> batch over two components
-    whose documents differ in length.
+    """tokenize -> split -> pack -> shuffle -> ensure_mixture -> batch (the demo's
+    :func:`~zephon.demo.pipelines.lm_chain`) over two components whose documents differ in
+    length.
 
     ``pack_kw`` goes to ``pack`` (with ``strategy="concat_then_split"`` there is no split);
     when it names meta features or broadcast fields, documents are dicts with a ``weight``
@@ -52,7 +54,7 @@ def lm_pipeline(
         chunk_size=chunk_size,
         num_epochs=num_epochs,
     )
-    pipe = (
+    return lm_chain(
         zp.Pipeline(
             src,
             canonical_replicas=lanes,
@@ -60,17 +62,15 @@ def lm_pipeline(
             prefetch=prefetch,
             output=output,
             **kw,
-        )
-        .fetch()
-        .tokenize(zp.ByteTokenizer())
+        ),
+        seq_len=seq_len,
+        num_bins=3,
+        map_tokens=with_mask if fields else None,
+        pack_kw=pack_kw,
+        shuffle_buffer=4,
+        ensure_mixture=True,
+        batch_size=batch_size,
     )
-    if fields:
-        pipe = pipe.map(with_mask)
-    if pack_kw.get("strategy") == "concat_then_split":
-        pipe = pipe.pack(seq_len=seq_len, **pack_kw)
-    else:
-        pipe = pipe.split(max_len=seq_len).pack(seq_len=seq_len, num_bins=3, **pack_kw)
-    return pipe.shuffle(buffer_size=4).ensure_mixture().batch(batch_size)
 
 
 def with_mask(d: dict) -> dict:

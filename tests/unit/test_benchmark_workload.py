@@ -13,7 +13,10 @@ import numpy as np
 import pytest
 
 import zephon as zp
-from benchmarks import common
+from benchmarks.harness.results import write_results
+from benchmarks.harness.stats import summarize
+from benchmarks.harness.tables import print_table
+from benchmarks.harness.timing import interleaved_repeats, measure_throughput
 from benchmarks.workload import (
     BATCH_SIZE,
     NUM_BINS,
@@ -130,7 +133,7 @@ def test_split_tokens():
         split_tokens(t, 0)
 
 
-# --- benchmarks.common helpers (no Grain needed) ---------------------------------------------
+# --- benchmarks.harness helpers (no Grain needed) --------------------------------------------
 
 
 def _fake_batches(n):
@@ -141,34 +144,34 @@ def _fake_batches(n):
 
 
 def test_measure_throughput_counts_tokens():
-    r = common.measure_throughput(lambda: _fake_batches(20), num_batches=10, warmup=5)
+    r = measure_throughput(lambda: _fake_batches(20), num_batches=10, warmup=5)
     assert r["batches"] == 10
     assert r["real_tokens"] == 30 and r["padded_tokens"] == 80
     assert r["padding_fraction"] == pytest.approx(1 - 30 / 80)
     assert r["batches_per_s"] > 0 and r["parent_cpu_s"] >= 0 and r["children_cpu_s"] >= 0
     with pytest.raises(RuntimeError, match="ended after"):
-        common.measure_throughput(lambda: _fake_batches(5), num_batches=10, warmup=1)
+        measure_throughput(lambda: _fake_batches(5), num_batches=10, warmup=1)
 
 
 def test_interleaved_repeats_order_and_summary():
     calls = []
     cands = {name: (lambda name=name: calls.append(name) or len(calls)) for name in "ABC"}
-    res = common.interleaved_repeats(cands, repeats=2)
+    res = interleaved_repeats(cands, repeats=2)
     assert calls == list("ABCABC")
     assert res == {"A": [1, 4], "B": [2, 5], "C": [3, 6]}
-    s = common.summarize([3.0, 1.0, 2.0])
+    s = summarize([3.0, 1.0, 2.0])
     assert (s["median"], s["min"], s["max"], s["n"]) == (2.0, 1.0, 3.0, 3)
 
 
 def test_write_results_and_table(tmp_path):
-    path = common.write_results(
+    path = write_results(
         "unit", [{"x": np.float64(1.5), "y": float("nan"), "n": np.int64(3)}], tmp_path
     )
     data = json.loads(path.read_text())
     assert data["rows"] == [{"x": 1.5, "y": None, "n": 3}]
     assert data["machine"]["nproc"] >= 1 and "numpy" in data["machine"]
     buf = io.StringIO()
-    text = common.print_table(
+    text = print_table(
         [{"name": "a", "v": 1.23456}, {"name": "bbb", "v": 1234.56}],
         ["name", ("v", "value")],
         file=buf,

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pydoc_data.topics import topics
 
 import zephon as zp
+from zephon.demo.pipelines import lm_chain
 
 
 def topic_texts() -> list[str]:
@@ -45,19 +46,17 @@ def demo_pipeline(
     workers: int = 0,
     flush_every_k_chunks: int = 4,
 ) -> zp.Pipeline:
-    """tokenize -> split -> pack -> shuffle -> ensure_mixture -> batch."""
-    return (
+    """tokenize -> split -> pack -> shuffle -> ensure_mixture -> batch (:func:`lm_chain`)."""
+    return lm_chain(
         zp.Pipeline(
             demo_source(seed),
             canonical_replicas=lanes,
             flush_every_k_chunks=flush_every_k_chunks,
             workers=workers,
-        )
-        .fetch()
-        .tokenize(zp.ByteTokenizer())
-        .split(max_len=seq_len)
-        .pack(seq_len=seq_len, num_bins=8)
-        .shuffle(buffer_size=16)
-        .ensure_mixture()
-        .batch(batch_size)
+        ),
+        seq_len=seq_len,
+        num_bins=8,
+        shuffle_buffer=16,
+        ensure_mixture=True,
+        batch_size=batch_size,
     )
