@@ -171,9 +171,12 @@ def test_etcd_split_values_leave_no_parts_behind(etcd):
 
 
 @pytest.mark.etcd
-def test_etcd_warns_once_about_large_values_naming_blobs(etcd, caplog):
-    """etcd keeps every write in memory until its next snapshot: a store writing states
+def test_etcd_warns_once_about_large_values_naming_blobs(etcd, caplog, monkeypatch):
+    """etcd keeps every write in memory until its next snapshot: a process writing states
     of hundreds of KB says so once, and names ?blobs=; small values say nothing."""
+    from zephon.checkpoint.stores.etcd import store as etcd_store
+
+    monkeypatch.setattr(etcd_store, "_warned_large", False)  # once per process
     store = _etcd_store(etcd)
     store.log_prefix = "[rank=3] "
     with caplog.at_level(logging.WARNING, logger="zephon.checkpoint.stores.etcd"):
@@ -181,6 +184,9 @@ def test_etcd_warns_once_about_large_values_naming_blobs(etcd, caplog):
         assert not caplog.records
         store.put("big", b"x" * (300 << 10))
         store.put("big2", b"x" * (300 << 10))
+        other = _etcd_store(etcd)  # another store of the process
+        other.put("big3", b"x" * (300 << 10))
+        other.close()
     (record,) = caplog.records
     text = record.getMessage()
     assert text.startswith("[rank=3] ") and "0.3 MB" in text and "'big'" in text

@@ -45,8 +45,9 @@ from zephon.errors import AggregationError
 
 log = logging.getLogger(__name__)
 
-#: A value this large in etcd gets a warning (once per store): see :meth:`EtcdStore._write`.
+#: A value this large in etcd gets a warning (once per process): see :meth:`EtcdStore._write`.
 LARGE_VALUE_WARN_BYTES = 256 << 10
+_warned_large = False
 
 DEFAULT_NAMESPACE = "zephon/"
 DEFAULT_REQUEST_TIMEOUT_S = 5.0
@@ -102,7 +103,6 @@ class EtcdStore:
         self.poll_max_interval_s = float(poll_max_interval_s)
         self.counters = StoreCounters()
         self.log_prefix = ""  # the round sets "[rank=N] " so background warnings name it
-        self._warned_large = False
         self._conn = _Connection(parsed, self.request_timeout_s, self.counters)
         self._lock = threading.Lock()  # the store may be shared by a rank's threads
         self._handles: list[EtcdLease] = []
@@ -365,12 +365,13 @@ class EtcdStore:
     # ------------------------------------------------------------------ internals
 
     def _warn_large(self, key: str, nbytes: int) -> None:
-        """Once per store: compaction keeps etcd's database flat, but etcd also keeps
+        """Once per process: compaction keeps etcd's database flat, but etcd also keeps
         every write in its raft log, in memory and in its WAL, until its next snapshot
         (``--snapshot-count``, every 100,000 entries by default), so states of megabytes a
         round grow etcd's memory by about that much a round for thousands of rounds
         (``benchmarks.etcd_soak``)."""
-        self._warned_large = True
+        global _warned_large
+        _warned_large = True
         log.warning(
             "%s%s: writing %.1f MB (%r) into etcd, which keeps every write in memory and in "
             "its WAL until its next snapshot (--snapshot-count, 100,000 entries by default): "
@@ -403,7 +404,7 @@ class EtcdStore:
                 f"an EtcdStore fence is the EtcdFence that announce() returned; "
                 f"got {type(fence).__name__}"
             )
-        if len(value) > LARGE_VALUE_WARN_BYTES and not self._warned_large:
+        if len(value) > LARGE_VALUE_WARN_BYTES and not _warned_large:
             self._warn_large(key, len(value))
         new_parts: bytes | None = None
         if len(value) + 1 <= self.part_size_bytes:
