@@ -157,6 +157,7 @@ class Pipeline:
             worker_start_method=worker_start_method,
             seed=seed,
         )
+        self._options = options
         self._topology: Topology = options.topology
         self.source = source
         self.canonical_replicas = options.canonical_replicas
@@ -535,7 +536,7 @@ class Pipeline:
 
     def _get_engine(self) -> Engine:
         if self._engine is None:
-            self._engine = start_engine(self)
+            self._engine = start_engine(self._compiled(), self.source, self._options)
         return self._engine
 
     # ------------------------------------------------------------ iterate
@@ -602,7 +603,7 @@ class Pipeline:
 
     def _aggregator(self) -> Any:
         if self._agg is None:
-            self._agg = open_aggregator(self)
+            self._agg = open_aggregator(self._options, self.fingerprint())
         return self._agg
 
     def restore(

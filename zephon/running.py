@@ -21,37 +21,39 @@ from zephon.tracking import LaneTracker
 
 if TYPE_CHECKING:
     from zephon.checkpoint.aggregate import Aggregator
-    from zephon.pipeline import Pipeline
+    from zephon.compile import Plan
+    from zephon.options import Options
 
 
-def start_engine(pipe: Pipeline) -> Engine:
-    """A fresh engine for ``pipe``: nothing runs until its first ``next()``."""
-    plan = pipe._compiled()
+def start_engine(plan: Plan, source: Any, opts: Options) -> Engine:
+    """A fresh engine running ``plan`` over ``source`` with the pipeline's options
+    ``opts``, for the lanes of ``opts.topology``: nothing runs until its first
+    ``next()``."""
     trackers = {
         lane: LaneTracker(
             lane,
-            pipe.source.for_lane(lane, pipe.canonical_replicas),
+            source.for_lane(lane, opts.canonical_replicas),
             plan.eviction,
             plan.flush_every_k_chunks,
         )
-        for lane in pipe.lanes
+        for lane in opts.topology.lanes
     }
     executor: Any
-    if pipe.workers > 0:
+    if opts.workers > 0:
         executor = ProcessExecutor(
             plan,
-            pipe.workers,
-            zero_copy=pipe.zero_copy,
-            slot_bytes=pipe.ring_slot_bytes,
-            nslots=pipe.ring_slots,
-            start_method=pipe.worker_start_method,
-            worker_timeout_s=pipe.worker_timeout_s,
-            components=_components(pipe.source),
+            opts.workers,
+            zero_copy=opts.zero_copy,
+            slot_bytes=opts.ring_slot_bytes,
+            nslots=opts.ring_slots,
+            start_method=opts.worker_start_method,
+            worker_timeout_s=opts.worker_timeout_s,
+            components=_components(source),
         )
     else:
         executor = LocalExecutor(plan)
-    engine = Engine(plan, trackers, pipe.output, pipe.prefetch, executor)
-    engine.knobs = f"workers={pipe.workers}, prefetch={pipe.prefetch}"
+    engine = Engine(plan, trackers, opts.output, opts.prefetch, executor)
+    engine.knobs = f"workers={opts.workers}, prefetch={opts.prefetch}"
     return engine
 
 
@@ -62,24 +64,25 @@ def _components(source: Any) -> tuple[tuple[str, Any], ...]:
     return tuple(zip(names, datasets, strict=False))
 
 
-def open_aggregator(pipe: Pipeline) -> Aggregator:
-    """This rank's :class:`~zephon.checkpoint.aggregate.Aggregator` on ``pipe``'s
-    ``aggregate_dir`` or ``aggregate_store``: it expects every rank's lanes by ``pipe``'s
-    layout and, leading a round, merges the states with
-    :func:`~zephon.checkpoint.state.merge_states`. The store is closed if it fails."""
+def open_aggregator(opts: Options, fingerprint: str) -> Aggregator:
+    """This rank's :class:`~zephon.checkpoint.aggregate.Aggregator` on the options'
+    ``aggregate_dir`` or ``aggregate_store``, for the pipeline of ``fingerprint``: it
+    expects every rank's lanes by the options' layout and, leading a round, merges the
+    states with :func:`~zephon.checkpoint.state.merge_states`. The store is closed if it
+    fails."""
     from zephon.checkpoint.aggregate import Aggregator, open_store
 
-    topo = pipe._topology
-    store = open_store(pipe.aggregate_dir, pipe.aggregate_store)
+    topo = opts.topology
+    store = open_store(opts.aggregate_dir, opts.aggregate_store)
     try:
         return Aggregator(
             store,
             rank=topo.rank,
             world_size=topo.world_size,
-            timeout_s=pipe.aggregate_timeout_s,
+            timeout_s=opts.aggregate_timeout_s,
             expected_lanes=lambda r: lanes_of_rank(topo, r),
             merge=merge_states,
-            fingerprint=pipe.fingerprint(),  # rounds of two pipelines never meet
+            fingerprint=fingerprint,  # rounds of two pipelines never meet
         )
     except BaseException:
         store.close()

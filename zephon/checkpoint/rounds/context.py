@@ -11,12 +11,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from zephon.checkpoint.rounds.keys import ABORT, COMMIT, Keys, decode, encode
-from zephon.checkpoint.rounds.stats import RoundStats  # (re-exported: it lived here)
 from zephon.checkpoint.rounds.wait import open_watch
 from zephon.checkpoint.stores.base import counters_of
 from zephon.errors import AggregationError
 
-__all__ = ["Decision", "RoundContext", "RoundStats"]
+__all__ = ["Decision", "RoundContext"]
 
 
 @dataclass(frozen=True)
