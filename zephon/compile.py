@@ -49,6 +49,12 @@ class Plan:
             (``batch(pad_last=True)``), or ``None``.
         readers: the indices of the operators that read samples (``fetch``), whose I/O
             retries the runners count.
+        hold_text: a fused ``tokenize, split, pack`` stage keeps the samples waiting in its
+            bins and rows as their text and token counts, tokenizing a sample when its
+            row is assembled (where the tokenizer can count tokens), instead of holding
+            their tokens: chosen when one process runs :data:`HOLD_TEXT_LANES` lanes or
+            more (an elastic shrink onto few hosts), where every lane's held tokens add up;
+            the batches are the same.
     """
 
     ops: list[Operator]
@@ -63,6 +69,7 @@ class Plan:
     chunk_size: int
     padding: int | None
     readers: tuple[int, ...]
+    hold_text: bool = False
 
     @property
     def replay_filter(self) -> ReplayFilter:
@@ -87,7 +94,9 @@ class Plan:
             run = ops[i : i + n]
             stage = SplitPack(run[0] if n == 3 else None, run[-2], run[-1])  # type: ignore[arg-type]
             stage.replay = view
-            steps.append(Step(stage, tuple(range(i, i + n)), "+".join(op.name for op in run)))
+            stage.hold_text = self.hold_text and stage.can_hold_text
+            name = "+".join(op.name for op in run) + ("[text]" if stage.hold_text else "")
+            steps.append(Step(stage, tuple(range(i, i + n)), name))
             i += n
         return head, steps
 
@@ -120,6 +129,12 @@ def resolve_flush(ops: list[Operator], flush_every_k_chunks: int | None) -> tupl
     return EPOCH, flush_every_k_chunks
 
 
+#: Lanes one process runs from which fused stages hold samples as text (see
+#: :attr:`Plan.hold_text`): about 220 KB of tokens a lane held for the LM workload, so
+#: 225 MB at this many.
+HOLD_TEXT_LANES = 1024
+
+
 def compile_plan(
     ops: list[Operator],
     *,
@@ -128,7 +143,10 @@ def compile_plan(
     prefetch: int,
     chunk_size: int,
     ring_slots: int = 0,
+    lanes: int = 1,
 ) -> Plan:
+    """The plan of ``ops`` for a rank of ``lanes`` lanes over ``workers`` worker
+    processes (0: in this process)."""
     batch_at = [i for i, op in enumerate(ops) if op.name == "batch"]
     if len(batch_at) > 1:
         raise ValueError(f"a pipeline may have one batch operator; got {len(batch_at)}")
@@ -169,6 +187,7 @@ def compile_plan(
         chunk_size=chunk_size,
         padding=padding,
         readers=tuple(i for i, op in enumerate(full) if isinstance(op, Fetch)),
+        hold_text=-(-lanes // max(workers, 1)) >= HOLD_TEXT_LANES,
     )
 
 
@@ -181,10 +200,11 @@ def compile_pipeline(
     prefetch: int,
     ring_slots: int,
     seed: int | None,
+    lanes: int = 1,
 ) -> Plan:
     """The plan of a pipeline's operators (fresh copies of ``ops``) over the work source
-    ``source``, every operator bound to the source's context: its datasets, weights and
-    names, and ``seed`` (None: the source's)."""
+    ``source`` for a rank of ``lanes`` lanes, every operator bound to the source's
+    context: its datasets, weights and names, and ``seed`` (None: the source's)."""
     if not ops:
         raise ValueError("the pipeline has no operators; add at least .fetch()")
     plan = compile_plan(
@@ -194,6 +214,7 @@ def compile_pipeline(
         prefetch=prefetch,
         chunk_size=int(getattr(source, "chunk_size", 64)),
         ring_slots=ring_slots,
+        lanes=lanes,
     )
     ctx = PipelineContext(
         datasets=tuple(getattr(source, "datasets", ())),

@@ -503,6 +503,7 @@ class Pipeline:
                 prefetch=self.prefetch,
                 ring_slots=self.ring_slots,
                 seed=self.seed,
+                lanes=len(self._topology.lanes),
             )
         return self._plan
 

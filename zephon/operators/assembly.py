@@ -232,26 +232,32 @@ class RowAssembler:
         """The features of the row of ``pieces``, in order, with their dtypes (each
         ``seq_len`` long), where C assembles the row; None where it does not: broadcast
         fields, a BOS id, a component feature, or pieces whose arrays are not 1-D arrays of
-        one dtype (pieces placed by length make their tokens here)."""
+        one dtype. A piece placed by length (its arrays not a tuple: the fused stage's,
+        on ``"tokens"`` alone) makes int32 tokens, 1-D and contiguous, when it is written:
+        it is not read here."""
         if self._n_arrays != len(self.columns) or self.bos_id is not None:
             return None
-        if self.component_feature is not None or _NATIVE is None:
+        if self.component_feature is not None or _NATIVE is None or not pieces:
             return None
         layout = []
         n_features = len(self.features)
         ndarray = np.ndarray
         for j, name in enumerate(self.columns):
-            if not pieces:
-                return None
-            first = pieces[0].arrays[j]
-            if type(first) is not ndarray:
-                return None
-            dtype = first.dtype
+            dtype = None
             for p in pieces:
-                a = p.arrays[j]
-                if type(a) is not ndarray or a.dtype != dtype or a.ndim != 1:
-                    return None
-                if not a.flags.c_contiguous:
+                arrays = p.arrays
+                if type(arrays) is not tuple:
+                    if j:
+                        return None
+                    got = _INT32
+                else:
+                    a = arrays[j]
+                    if type(a) is not ndarray or a.ndim != 1 or not a.flags.c_contiguous:
+                        return None
+                    got = a.dtype
+                if dtype is None:
+                    dtype = got
+                elif got != dtype:
                     return None
             layout.append((name, dtype))
             if j < n_features:

@@ -10,6 +10,9 @@ A lane that is replaying after a restore (the plan gives the stage a read-only
 :class:`~zephon.stages.base.ReplayView`), with a tokenizer that can count its tokens
 (``count_tokens``), is placed by its samples' lengths alone: each piece's tokens are made
 when its bin is assembled, so the bins the replay filter drops never tokenize anything.
+Where the plan says so (:attr:`~zephon.compile.Plan.hold_text`: one process running
+thousands of lanes), every lane is placed that way and a sample's tokens are made for its
+piece's row and not kept: what waits in a lane's bins and rows is the samples' text.
 
 Anything off the common path (a tokenizer returning something other than a 1-D int32
 array, a piece longer than ``seq_len``, a sample that is already a piece) takes the
@@ -63,37 +66,53 @@ def fusable(ops: list[Any], i: int, threaded: bool) -> int:
 
 
 class _Docs:
-    """The samples of one call placed by their token counts, tokenized when first read:
-    a sample's tokens are made in one batch with those of the next samples of the call not
-    made yet (after a restore, the samples after the one a bin is assembled for are the
-    ones delivered next; those before the replay target were dropped), a batch twice as
-    big as the last each time, from :data:`FIRST_BATCH`."""
+    """The samples of one call placed by their token counts, tokenized when first read.
 
-    __slots__ = ("texts", "counts", "ids", "tokenize", "batch")
+    Kept (``keep``, a replaying lane): a sample's tokens are made in one batch with those
+    of the next samples of the call not made yet (after a restore, the samples after the
+    one a bin is assembled for are the ones delivered next; those before the replay target
+    were dropped), a batch twice as big as the last each time, from :data:`FIRST_BATCH`.
+    Not kept (text held): only the sample read is tokenized, and nothing is remembered
+    (a row reads each of its pieces once, when it is written; a sample cut into several
+    pieces is tokenized for each)."""
 
-    def __init__(self, texts: list[Any], counts: list[int], tokenize: Tokenize) -> None:
-        self.texts, self.counts, self.tokenize = texts, counts, tokenize
-        self.ids: list[np.ndarray | None] = [None] * len(texts)
+    __slots__ = ("texts", "counts", "ids", "tokenize", "batch", "keep")
+
+    def __init__(
+        self, texts: list[Any], counts: list[int], tokenize: Tokenize, keep: bool = True
+    ) -> None:
+        self.texts, self.counts, self.tokenize, self.keep = texts, counts, tokenize, keep
+        self.ids: list[np.ndarray | None] = [None] * len(texts) if keep else []
         self.batch = FIRST_BATCH
 
     def tokens(self, k: int) -> np.ndarray:
+        if not self.keep:
+            return self._encode([k])[0]
         ids = self.ids[k]
         if ids is None:
             todo = [j for j in range(k, len(self.texts)) if self.ids[j] is None]
             todo = todo[: self.batch]
             self.batch *= 2
-            encoded = self.tokenize.encode_texts([self.texts[j] for j in todo])
-            for j, got in zip(todo, encoded, strict=True):
-                got = np.asarray(got, _INT32)
-                if got.ndim != 1 or len(got) != self.counts[j]:
-                    raise ValueError(
-                        f"{type(self.tokenize.tokenizer).__name__}.count_tokens said "
-                        f"{self.counts[j]} tokens but encode returned shape {got.shape}; they "
-                        "must agree"
-                    )
+            for j, got in zip(todo, self._encode(todo), strict=True):
                 self.ids[j] = got
             ids = self.ids[k]
         return ids  # type: ignore[return-value]
+
+    def _encode(self, which: list[int]) -> list[np.ndarray]:
+        """The tokens of samples ``which`` (int32, 1-D, contiguous), each checked against
+        its count."""
+        out = []
+        encoded = self.tokenize.encode_texts([self.texts[j] for j in which])
+        for j, got in zip(which, encoded, strict=True):
+            got = np.ascontiguousarray(got, _INT32)
+            if got.ndim != 1 or len(got) != self.counts[j]:
+                raise ValueError(
+                    f"{type(self.tokenize.tokenizer).__name__}.count_tokens said "
+                    f"{self.counts[j]} tokens but encode returned shape {got.shape}; they "
+                    "must agree"
+                )
+            out.append(got)
+        return out
 
 
 class _Doc:
@@ -146,7 +165,16 @@ class SplitPack:
         self.name = pack.name  # what pending() reports on is pack's
         self.counters: list[OpStats] = [OpStats() for _ in self.ops]
         self.replay: ReplayView | None = None
+        #: Every lane placed by length, its samples held as text (the plan's choice; see
+        #: the module docstring); only where :attr:`can_hold_text`.
+        self.hold_text = False
         self._count = getattr(tokenize.tokenizer, "count_tokens", None) if tokenize else None
+
+    @property
+    def can_hold_text(self) -> bool:
+        """Whether samples can be placed by length: a tokenizer that counts its tokens, and
+        pieces that never need cutting by pack."""
+        return self._count is not None and self.split.max_len <= self.pack.seq_len
 
     def process(self, record: Record) -> Iterable[Output]:
         return self.process_batch([record])
@@ -196,21 +224,20 @@ class SplitPack:
         stage; ``records`` are the records they came as, if they did."""
         t0 = time.perf_counter()
         tok = self.tokenize
-        lazy = False
+        lazy, keep = False, True
         texts = datas
         if tok is None:
             arrays: list[Any] = [d.get("tokens") if type(d) is dict else None for d in datas]
         else:
             texts = tok.texts(datas)
-            lazy = (
-                self._count is not None
-                and self.replay is not None
-                and self.replay.replaying(lane)
-                and self.split.max_len <= self.pack.seq_len
-            )
+            replaying = self.replay is not None and self.replay.replaying(lane)
+            lazy = self.can_hold_text and (replaying or self.hold_text)
+            keep = replaying
             arrays = self._counts(texts) if lazy else list(tok.encode_texts(texts))
         t1 = time.perf_counter()
-        pieces = _Pieces(self, lane, datas, contribs, mixes, records, arrays, texts, lazy).pieces
+        pieces = _Pieces(
+            self, lane, datas, contribs, mixes, records, arrays, texts, lazy, keep
+        ).pieces
         t2 = time.perf_counter()
         out = self.pack.place(lane, pieces)
         t3 = time.perf_counter()
@@ -291,13 +318,14 @@ class _Pieces:
         arrays: list[Any],
         texts: list[Any],
         lazy: bool,
+        keep: bool = True,
     ) -> None:
         self.stage, self.lane, self.datas, self.records = stage, lane, datas, records
         self.contribs, self.mixes, self.texts, self.lazy = contribs, mixes, texts, lazy
         self.pieces: list[Piece] = []
         pieces = self.pieces
         tokenized = stage.tokenize is not None
-        docs = _Docs(texts, arrays, stage.tokenize) if lazy else None  # type: ignore[arg-type]
+        docs = _Docs(texts, arrays, stage.tokenize, keep) if lazy else None  # type: ignore[arg-type]
         max_len, cap = stage.split.max_len, stage.pack.seq_len
         ndarray = np.ndarray
         new = tuple.__new__

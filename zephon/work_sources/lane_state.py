@@ -62,23 +62,27 @@ STATE_KEYS = (
 
 #: Up to this many components :func:`pack_ints` works on Python ints: numpy's calls on a
 #: tiny array cost more than the work (a rank of thousands of lanes packs three per lane).
-_FEW = 8
+FEW_COMPONENTS = 8
 
 
 def pack_ints(values: np.ndarray) -> bytes:
     """Per-component ints as bytes (see above)."""
-    if values.size <= _FEW:
-        ints = values.tolist()
-        if not any(ints):
-            return b"\x00"
-        width = _width(min(ints), max(ints))
-        raw = [v.to_bytes(width, "little", signed=True) for v in ints]
-        return bytes([width, *(r[b] for b in range(width) for r in raw)])
+    if values.size <= FEW_COMPONENTS:
+        return pack_int_list(values.tolist())
     if not values.any():
         return b"\x00"
     width = _width(int(values.min()), int(values.max()))
     planes = values.astype(f"<i{width}").view(np.uint8).reshape(-1, width).T
     return bytes([width]) + planes.tobytes()
+
+
+def pack_int_list(ints: list[int]) -> bytes:
+    """:func:`pack_ints` of a few ints as a list."""
+    if not any(ints):
+        return b"\x00"
+    width = _width(min(ints), max(ints))
+    raw = [v.to_bytes(width, "little", signed=True) for v in ints]
+    return bytes([width, *(r[b] for b in range(width) for r in raw)])
 
 
 def _width(lo: int, hi: int) -> int:
@@ -122,7 +126,8 @@ def unpack_components(data: Any, count: int, what: str, names: Sequence[str]) ->
 
 def pack_carry(carry: np.ndarray) -> bytes:
     """The carried credits as float32 bytes; empty while they are all zero."""
-    return b"" if not carry.any() else carry.astype("<f4").tobytes()
+    zero = not any(carry.tolist()) if carry.size <= FEW_COMPONENTS else not carry.any()
+    return b"" if zero else carry.astype("<f4").tobytes()
 
 
 def unpack_carry(data: Any, count: int) -> np.ndarray:
