@@ -78,6 +78,12 @@ def pack_ints(values: np.ndarray) -> bytes:
 
 def pack_int_list(ints: list[int]) -> bytes:
     """:func:`pack_ints` of a few ints as a list."""
+    if len(ints) == 1:  # one component: its bytes are the one plane
+        (v,) = ints
+        if not v:
+            return b"\x00"
+        width = _width(v, v)
+        return bytes((width,)) + v.to_bytes(width, "little", signed=True)
     if not any(ints):
         return b"\x00"
     width = _width(min(ints), max(ints))
