@@ -270,6 +270,53 @@ static int int32_row(PyObject *obj, Py_buffer *view, Py_ssize_t cap, const char 
     return 1;
 }
 
+/* Row of parts (a list) into dst (cap items of item bytes), pad after; segs/poss (cap
+ * int32s each, or NULL) get piece numbers and positions. The tokens copied, or -1 (raised). */
+static Py_ssize_t assemble_row(PyObject *parts, char *dst, Py_ssize_t item, Py_ssize_t cap,
+                               const char *pad, int32_t *segs, int32_t *poss) {
+    Py_ssize_t total = 0, n = PyList_GET_SIZE(parts);
+    int32_t id = 0;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        Py_buffer part;
+        if (PyObject_GetBuffer(PyList_GET_ITEM(parts, k), &part, PyBUF_C_CONTIGUOUS) < 0) {
+            return -1;
+        }
+        Py_ssize_t m = part.len / item;
+        if (part.itemsize != item || part.ndim != 1 || total + m > cap) {
+            PyBuffer_Release(&part);
+            PyErr_Format(PyExc_ValueError,
+                         "part %zd (item size %zd, %zd items) does not fit a row of %zd items "
+                         "of size %zd after %zd",
+                         k, part.itemsize, m, cap, item, total);
+            return -1;
+        }
+        memcpy(dst + total * item, part.buf, (size_t)part.len);
+        PyBuffer_Release(&part);
+        if (m > 0) {
+            id++;
+            for (Py_ssize_t i = 0; i < m; i++) {
+                if (segs) {
+                    segs[total + i] = id;
+                }
+                if (poss) {
+                    poss[total + i] = (int32_t)i;
+                }
+            }
+        }
+        total += m;
+    }
+    for (Py_ssize_t i = total; i < cap; i++) {
+        memcpy(dst + i * item, pad, (size_t)item);
+    }
+    if (segs) {
+        memset(segs + total, 0, (size_t)(cap - total) * 4);
+    }
+    if (poss) {
+        memset(poss + total, 0, (size_t)(cap - total) * 4);
+    }
+    return total;
+}
+
 static PyObject *py_assemble_into(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *parts, *out_obj, *seg_obj, *pos_obj;
     Py_buffer pad;
@@ -292,49 +339,70 @@ static PyObject *py_assemble_into(PyObject *Py_UNUSED(self), PyObject *args) {
         (have_pos = int32_row(pos_obj, &pos, cap, "pos")) < 0) {
         goto done;
     }
-    char *dst = out.buf;
-    int32_t *segs = have_seg ? seg.buf : NULL, *poss = have_pos ? pos.buf : NULL;
-    Py_ssize_t total = 0, n = PyList_GET_SIZE(parts);
-    int32_t id = 0;
-    for (Py_ssize_t k = 0; k < n; k++) {
-        Py_buffer part;
-        if (PyObject_GetBuffer(PyList_GET_ITEM(parts, k), &part, PyBUF_C_CONTIGUOUS) < 0) {
+    Py_ssize_t total = assemble_row(parts, out.buf, item, cap, pad.buf,
+                                    have_seg ? seg.buf : NULL, have_pos ? pos.buf : NULL);
+    if (total >= 0) {
+        result = PyLong_FromSsize_t(total);
+    }
+done:
+    PyBuffer_Release(&pad);
+    if (out.obj) {
+        PyBuffer_Release(&out);
+    }
+    if (have_seg > 0) {
+        PyBuffer_Release(&seg);
+    }
+    if (have_pos > 0) {
+        PyBuffer_Release(&pos);
+    }
+    return result;
+}
+
+PyDoc_STRVAR(assemble_rows_doc,
+             "assemble_rows(rows, out, pad, seg, pos, /) -> None\n\n"
+             "assemble_into for every row of a batch at once: rows is a list of lists of parts,\n"
+             "out a 2-D contiguous writable array of len(rows) rows, seg and pos 2-D int32\n"
+             "arrays of out's shape or None; row i of rows goes into row i of each.");
+
+static PyObject *py_assemble_rows(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *rows, *out_obj, *seg_obj, *pos_obj;
+    Py_buffer pad;
+    if (!PyArg_ParseTuple(args, "O!Oy*OO:assemble_rows", &PyList_Type, &rows, &out_obj, &pad,
+                          &seg_obj, &pos_obj)) {
+        return NULL;
+    }
+    PyObject *result = NULL;
+    Py_buffer out = {0}, seg = {0}, pos = {0};
+    int have_seg = 0, have_pos = 0;
+    Py_ssize_t nrows = PyList_GET_SIZE(rows);
+    if (PyObject_GetBuffer(out_obj, &out, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_ND) < 0) {
+        goto done;
+    }
+    Py_ssize_t item = out.itemsize;
+    if (item <= 0 || out.ndim != 2 || out.shape[0] != nrows || pad.len != item) {
+        PyErr_SetString(PyExc_ValueError,
+                        "out must be 2-D with a row per row of rows, and pad one item of it");
+        goto done;
+    }
+    Py_ssize_t cap = out.shape[1];
+    if ((have_seg = int32_row(seg_obj, &seg, nrows * cap, "seg")) < 0 ||
+        (have_pos = int32_row(pos_obj, &pos, nrows * cap, "pos")) < 0) {
+        goto done;
+    }
+    for (Py_ssize_t r = 0; r < nrows; r++) {
+        PyObject *parts = PyList_GET_ITEM(rows, r);
+        if (!PyList_Check(parts)) {
+            PyErr_Format(PyExc_TypeError, "row %zd of rows must be a list of parts", r);
             goto done;
         }
-        Py_ssize_t m = part.len / item;
-        if (part.itemsize != item || part.ndim != 1 || total + m > cap) {
-            PyBuffer_Release(&part);
-            PyErr_Format(PyExc_ValueError,
-                         "part %zd (item size %zd, %zd items) does not fit a row of %zd items "
-                         "of size %zd after %zd",
-                         k, part.itemsize, m, cap, item, total);
+        int32_t *segs = have_seg ? (int32_t *)seg.buf + r * cap : NULL;
+        int32_t *poss = have_pos ? (int32_t *)pos.buf + r * cap : NULL;
+        if (assemble_row(parts, (char *)out.buf + r * cap * item, item, cap, pad.buf, segs,
+                         poss) < 0) {
             goto done;
         }
-        memcpy(dst + total * item, part.buf, (size_t)part.len);
-        PyBuffer_Release(&part);
-        if (m > 0) {
-            id++;
-            for (Py_ssize_t i = 0; i < m; i++) {
-                if (segs) {
-                    segs[total + i] = id;
-                }
-                if (poss) {
-                    poss[total + i] = (int32_t)i;
-                }
-            }
-        }
-        total += m;
     }
-    for (Py_ssize_t i = total; i < cap; i++) {
-        memcpy(dst + i * item, pad.buf, (size_t)item);
-    }
-    if (segs) {
-        memset(segs + total, 0, (size_t)(cap - total) * 4);
-    }
-    if (poss) {
-        memset(poss + total, 0, (size_t)(cap - total) * 4);
-    }
-    result = PyLong_FromSsize_t(total);
+    result = Py_NewRef(Py_None);
 done:
     PyBuffer_Release(&pad);
     if (out.obj) {
@@ -352,6 +420,7 @@ done:
 static PyMethodDef methods[] = {
     {"place_into", py_place_into, METH_VARARGS, place_into_doc},
     {"assemble_into", py_assemble_into, METH_VARARGS, assemble_into_doc},
+    {"assemble_rows", py_assemble_rows, METH_VARARGS, assemble_rows_doc},
     {NULL, NULL, 0, NULL},
 };
 

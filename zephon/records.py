@@ -66,16 +66,13 @@ class Record:
         first = self.contributors[0]
         return SampleCursor(self.lane, first[0], first[1], first[2])
 
-    def row_layout(self) -> list[tuple[str, tuple[int, ...], np.dtype]] | None:
-        """``[(name, shape, dtype), ...]`` of this record's features, in order, where it can
-        write itself into one row of a batch's arrays (:meth:`write_row`) instead of being
-        built and copied there; None (this default) where it cannot. Records whose layouts
-        are equal go into one batch that way."""
+    def row_layout(self) -> tuple[Any, list[tuple[str, tuple[int, ...], np.dtype]]] | None:
+        """``(writer, [(name, shape, dtype), ...])`` where this record can be written into
+        one row of a batch's arrays instead of being built and copied there: records of
+        equal layouts go into a batch at once, ``writer.write_rows(records, arrays)`` (an
+        empty array of ``(len(records), *shape)`` per name); None (this default) where it
+        cannot."""
         return None
-
-    def write_row(self, row: dict[str, np.ndarray]) -> None:
-        """Writes the data into ``row`` (an empty array per name of :meth:`row_layout`)."""
-        raise NotImplementedError(f"{type(self).__name__} has no row layout")
 
     def replace(self, data: Any) -> Record:
         """The same identity carrying new data."""

@@ -66,17 +66,17 @@ class PackedRow(LazyRecord):
         super().__init__(functools.partial(_assemble_row, rows, pieces), lane, contributors, mix)
         self._rows, self._pieces = rows, pieces
 
-    def row_layout(self) -> list[tuple[str, tuple[int, ...], np.dtype]] | None:
+    def row_layout(self) -> tuple[RowAssembler, list[tuple[str, tuple[int, ...], np.dtype]]] | None:
+        """Its pack's assembler and the row's features (see
+        :meth:`zephon.records.Record.row_layout`): the rows of one pack with the same
+        dtypes go into their batch in one C call per feature."""
         if self.built:
             return None
         layout = self._rows.native_layout(self._pieces)
         if layout is None:
             return None
         shape = (self._rows.seq_len,)
-        return [(name, shape, dtype) for name, dtype in layout]
-
-    def write_row(self, row: dict[str, np.ndarray]) -> None:
-        self._rows.write_native(self._pieces, row)
+        return self._rows, [(name, shape, dtype) for name, dtype in layout]
 
 
 def _assemble_row(rows: RowAssembler, pieces: list[Piece], _: Any) -> dict[str, np.ndarray]:
@@ -259,10 +259,33 @@ class RowAssembler:
                     dtype = got
                 elif got != dtype:
                     return None
+            assert dtype is not None  # pieces is not empty
             layout.append((name, dtype))
             if j < n_features:
                 layout += [(name + "_segment_ids", _INT32), (name + "_positions", _INT32)]
         return layout
+
+    def write_rows(self, records: Sequence[PackedRow], out: dict[str, np.ndarray]) -> None:
+        """Writes the rows of ``records`` (whose :meth:`native_layout` is ``out``'s) into
+        ``out`` (an array of ``(len(records), seq_len)`` per name), one C call a feature."""
+        native = _NATIVE
+        assert native is not None
+        rows = [r._pieces for r in records]
+        n_features = len(self.features)
+        seg = pos = None
+        for j, name in enumerate(self.columns):
+            parts = [[p.arrays[j] for p in pieces] for pieces in rows]
+            buf = out[name]
+            pad = self._pad_item(j, name, buf.dtype)
+            if j >= n_features:
+                native.assemble_rows(parts, buf, pad, None, None)
+            elif seg is None:
+                seg, pos = out[name + "_segment_ids"], out[name + "_positions"]
+                native.assemble_rows(parts, buf, pad, seg, pos)
+            else:
+                native.assemble_rows(parts, buf, pad, None, None)
+                out[name + "_segment_ids"][...] = seg
+                out[name + "_positions"][...] = pos
 
     def write_native(self, pieces: list[Piece], row: dict[str, np.ndarray]) -> None:
         """Writes the row of ``pieces`` into ``row`` (an array of ``seq_len`` per name of

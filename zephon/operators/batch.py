@@ -136,13 +136,13 @@ class Batch(LaneStateOperator):
     ) -> Any:
         n = len(records)
         layout = _row_layout(records)
-        if layout is not None:  # each record writes itself into its row
-            spec = {name: ((n, *shape), dtype) for name, shape, dtype in layout}
+        if layout is not None:  # the records' writer writes them into their rows
+            writer, fields = layout
+            spec = {name: ((n, *shape), dtype) for name, shape, dtype in fields}
             if extra:
                 spec.update(extra)
             out = (allocate or _default_allocate)(records[0].lane, spec)
-            for i, r in enumerate(records):
-                r.write_row({name: out[name][i] for name, _, _ in layout})
+            writer.write_rows(records, out)
             return out
         first = records[0].data
         if isinstance(first, dict):
@@ -200,7 +200,9 @@ class Batch(LaneStateOperator):
         return f"Batch(batch_size={self.batch_size}, pad_last=True, pad_values={pads!r})"
 
 
-def _row_layout(records: list[Any]) -> list[tuple[str, tuple[int, ...], np.dtype]] | None:
+def _row_layout(
+    records: list[Any],
+) -> tuple[Any, list[tuple[str, tuple[int, ...], np.dtype]]] | None:
     """The records' common :meth:`~zephon.records.Record.row_layout`, or None."""
     first = records[0].row_layout()
     if first is None:

@@ -24,8 +24,7 @@ from zephon.records import Contributor
     data=st.data(),
 )
 def test_a_row_assembled_in_c_is_the_numpy_row(dtype, lengths, pad, meta, data) -> None:
-    if assembly._NATIVE is None:
-        pytest.skip("zephon._pack is not built (or ZEPHON_PURE_PYTHON=1)")
+    assert assembly._NATIVE is not None, "zephon._pack is not built (native tests need it)"
     cap = max(sum(lengths), 1) + data.draw(st.integers(0, 5))
     kw = {"meta_features": ["mask"]} if meta else {}
     op = Pack(cap, 2, features=["tokens", "labels"], pad_values={"tokens": pad}, **kw)
@@ -48,8 +47,7 @@ def test_a_row_assembled_in_c_is_the_numpy_row(dtype, lengths, pad, meta, data) 
 @pytest.mark.native
 def test_the_c_row_assembly_refuses_what_does_not_fit() -> None:
     native = assembly._NATIVE
-    if native is None:
-        pytest.skip("zephon._pack is not built (or ZEPHON_PURE_PYTHON=1)")
+    assert native is not None, "zephon._pack is not built (native tests need it)"
     out, seg = np.empty(4, np.int32), np.empty(4, np.int32)
     pad = np.int32(0).tobytes()
     with pytest.raises(ValueError, match="part 1 .* does not fit a row of 4 items"):
@@ -62,3 +60,48 @@ def test_the_c_row_assembly_refuses_what_does_not_fit() -> None:
         native.assemble_into([], out, pad, np.empty(3, np.int32), None)
     assert native.assemble_into([np.arange(1, 3, dtype=np.int32)], out, pad, seg, None) == 2
     assert out.tolist() == [1, 2, 0, 0] and seg.tolist() == [1, 1, 0, 0]
+
+
+@pytest.mark.native
+@settings(max_examples=80, deadline=None)
+@given(
+    rows=st.lists(st.lists(st.integers(0, 6), max_size=4), min_size=1, max_size=5),
+    extra=st.integers(0, 3),
+    with_seg=st.booleans(),
+)
+def test_a_batch_of_rows_in_one_call_is_the_rows_one_by_one(rows, extra, with_seg) -> None:
+    native = assembly._NATIVE
+    assert native is not None, "zephon._pack is not built (native tests need it)"
+    cap = max(sum(r) for r in rows) + extra or 1
+    rng = np.random.default_rng(sum(map(sum, rows)))
+    parts = [[rng.integers(1, 50, n).astype(np.int32) for n in r] for r in rows]
+    pad = np.int32(-7).tobytes()
+    out = np.empty((len(rows), cap), np.int32)
+    seg = np.empty((len(rows), cap), np.int32) if with_seg else None
+    pos = np.empty((len(rows), cap), np.int32) if with_seg else None
+    native.assemble_rows(parts, out, pad, seg, pos)
+    for i, row in enumerate(parts):
+        one, s1, p1 = np.empty(cap, np.int32), np.empty(cap, np.int32), np.empty(cap, np.int32)
+        native.assemble_into(row, one, pad, s1, p1)
+        np.testing.assert_array_equal(out[i], one)
+        if with_seg:
+            np.testing.assert_array_equal(seg[i], s1)
+            np.testing.assert_array_equal(pos[i], p1)
+
+
+@pytest.mark.native
+def test_the_batch_row_assembly_refuses_what_does_not_fit() -> None:
+    native = assembly._NATIVE
+    assert native is not None, "zephon._pack is not built (native tests need it)"
+    pad = np.int32(0).tobytes()
+    out = np.empty((2, 4), np.int32)
+    with pytest.raises(ValueError, match="a row per row of rows"):
+        native.assemble_rows([[]], out, pad, None, None)
+    with pytest.raises(ValueError, match="a row per row of rows"):
+        native.assemble_rows([[], []], np.empty(8, np.int32), pad, None, None)
+    with pytest.raises(ValueError, match="seg must be int32 and as long as out"):
+        native.assemble_rows([[], []], out, pad, np.empty((2, 3), np.int32), None)
+    with pytest.raises(TypeError, match="row 1 of rows must be a list"):
+        native.assemble_rows([[], (np.ones(1, np.int32),)], out, pad, None, None)
+    with pytest.raises(ValueError, match="part 0 .* does not fit a row of 4 items"):
+        native.assemble_rows([[], [np.ones(5, np.int32)]], out, pad, None, None)

@@ -271,21 +271,21 @@ def test_restore_never_assembles_the_bins_the_replay_filter_drops(
         state = p.checkpoint()
         expected = take(p, 3)
     assembled = 0
-    assemble, write = RowAssembler.assemble, RowAssembler.write_native
+    assemble, write = RowAssembler.assemble, RowAssembler.write_rows
 
     def counting(self: RowAssembler, pieces: list[Piece]) -> dict[str, np.ndarray]:
         nonlocal assembled
         assembled += 1
         return assemble(self, pieces)
 
-    def counting_write(self: RowAssembler, pieces: list[Piece], row: dict[str, np.ndarray]) -> None:
+    def counting_write(self: RowAssembler, records: list, out: dict[str, np.ndarray]) -> None:
         nonlocal assembled
-        assembled += 1
-        write(self, pieces, row)
+        assembled += len(records)
+        write(self, records, out)
 
     # A row is assembled on its own, or written straight into its batch's row.
     monkeypatch.setattr(RowAssembler, "assemble", counting)
-    monkeypatch.setattr(RowAssembler, "write_native", counting_write)
+    monkeypatch.setattr(RowAssembler, "write_rows", counting_write)
     with build() as q:
         q.restore(state)
         got = take(q, 3)
@@ -313,7 +313,7 @@ def test_restore_never_assembles_the_bins_the_replay_filter_drops(
 def test_rows_written_into_the_batch_equal_rows_assembled_one_by_one(
     monkeypatch: pytest.MonkeyPatch, pack_kw: dict
 ) -> None:
-    """batch writes packed rows straight into its arrays (``row_layout``/``write_row``);
+    """batch writes packed rows straight into its arrays (``row_layout``/``write_rows``);
     the same batches as each row assembled on its own and stacked: keys, order, dtypes."""
     from zephon.operators.pack import PackedRow
 
@@ -334,15 +334,17 @@ def test_rows_written_into_the_batch_equal_rows_assembled_one_by_one(
             .batch(3)
         )
 
+    from zephon.operators.assembly import RowAssembler
+
     written = 0
-    write_row = PackedRow.write_row
+    write_rows = RowAssembler.write_rows
 
-    def counting(self: PackedRow, row: dict) -> None:
+    def counting(self: RowAssembler, records: list, out: dict) -> None:
         nonlocal written
-        written += 1
-        write_row(self, row)
+        written += len(records)
+        write_rows(self, records, out)
 
-    monkeypatch.setattr(PackedRow, "write_row", counting)
+    monkeypatch.setattr(RowAssembler, "write_rows", counting)
     with build() as p:
         direct = take(p, 25)
     assert written == 25 * 3  # every row of every batch went straight in
