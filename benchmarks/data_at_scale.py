@@ -9,9 +9,11 @@ Three parts (``--parts index,start,remote``):
   workers: the first start (indexes built) and the second start (caches present), each in
   a fresh Python process, measured from before ``import zephon`` to the first batch;
 * ``remote``: batches/s of ``fetch().batch(8)`` at 8 lanes and 2 workers over the same
-  shards on local disk, on a moto S3 server on 127.0.0.1 behind a proxy that delays every
-  request by ``--latency-ms``, read the Zephon way (a chunk's samples in concurrent,
-  coalesced range requests) and one sample per request (sequential).
+  shards on local disk, and on a moto S3 server on 127.0.0.1 that answers every request
+  ``--latency-ms`` late (in a process of its own, off the loader's interpreter:
+  ``benchmarks.s3_local.S3ServerProcess``), read the Zephon way (a chunk's samples in
+  concurrent, coalesced range requests) and one sample per request (sequential); and the
+  same server with no delay, which gives the rate the server itself allows.
 
     python -m benchmarks.data_at_scale [--quick] [--parts index,start,remote] [--files N]
         [--index-mb MB] [--latency-ms MS] [--batches N] [--results DIR]
@@ -163,37 +165,37 @@ def _batches_per_s(ds: Any, batches: int) -> float:
 
 def part_remote(work: Path, latency_ms: float, batches: int) -> list[dict[str, Any]]:
     import zephon as zp
-    from benchmarks.s3_local import S3Server
+    from benchmarks.s3_local import S3ServerProcess
 
     folder = work / "remote"
     write_shards(folder, 8, 400)
-    rows = []
-    with S3Server() as s3:
-        client = s3.client()
-        client.create_bucket(Bucket="bench")
-        for path in sorted(folder.glob("*.jsonl")):
-            client.put_object(Bucket="bench", Key=f"d/{path.name}", Body=path.read_bytes())
-        proxy = s3.proxy(delay_s=latency_ms / 1000)
-        opts = proxy.storage_options
-        local = zp.JsonlSource(str(folder / "*.jsonl"), field="text")
-        remote = zp.JsonlSource("s3://bench/d/*.jsonl", field="text", storage_options=opts)
-        cases = [
-            ("local disk", local),
-            (f"s3 +{latency_ms:g} ms, concurrent", remote),
-            (f"s3 +{latency_ms:g} ms, sequential", OneAtATime(remote)),
-        ]
-        for label, ds in cases:
-            proxy.reset_counts()
-            n = max(4, batches // 8) if "sequential" in label else batches
-            rate = _batches_per_s(ds, n)
-            rows.append(
-                {
-                    "part": "remote",
-                    "read": label,
-                    "batches_per_s": rate,
-                    "requests": proxy.requests if "s3" in label else None,
-                }
+    local = zp.JsonlSource(str(folder / "*.jsonl"), field="text")
+    rows = [{"part": "remote", "read": "local disk", "batches_per_s": None, "requests": None}]
+    rows[0]["batches_per_s"] = _batches_per_s(local, batches)
+    for delay in (latency_ms, 0.0):
+        with S3ServerProcess(delay_s=delay / 1000) as s3:
+            client = s3.client()
+            client.create_bucket(Bucket="bench")
+            for path in sorted(folder.glob("*.jsonl")):
+                client.put_object(Bucket="bench", Key=f"d/{path.name}", Body=path.read_bytes())
+            remote = zp.JsonlSource(
+                "s3://bench/d/*.jsonl", field="text", storage_options=s3.storage_options
             )
+            cases = [(f"s3 +{delay:g} ms, concurrent", remote)]
+            if delay:
+                cases.append((f"s3 +{delay:g} ms, sequential", OneAtATime(remote)))
+            for label, ds in cases:
+                s3.requests(reset=True)
+                n = max(4, batches // 8) if "sequential" in label else batches
+                rate = _batches_per_s(ds, n)
+                rows.append(
+                    {
+                        "part": "remote",
+                        "read": label,
+                        "batches_per_s": rate,
+                        "requests": s3.requests(),
+                    }
+                )
     base = {r["read"]: r["batches_per_s"] for r in rows}
     for r in rows:
         r["vs_local"] = r["batches_per_s"] / base["local disk"]

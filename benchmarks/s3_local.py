@@ -6,14 +6,27 @@ every request or drops the next few connections (transient failures).
         s3.client().create_bucket(Bucket="data")
         proxy = s3.proxy(delay_s=0.02)
         ds = zp.JsonlSource("s3://data/*.jsonl", storage_options=proxy.storage_options)
+
+``S3Server`` runs moto on a thread of this process, with the proxy beside it: the tests'
+choice (no process to start; faults injected). For throughput, ``S3ServerProcess`` runs
+moto in a process of its own with the delay added by the server itself (before every
+answer), so neither the server nor a proxy shares the loader's interpreter, and counts its
+requests:
+
+    python -m benchmarks.s3_local --serve PORT [--delay-ms D]
 """
 
 from __future__ import annotations
 
+import argparse
 import http.client
 import http.server
+import json
 import logging
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 from typing import Any
@@ -202,3 +215,134 @@ class Proxy:
     def close(self) -> None:
         self._httpd.shutdown()
         self._httpd.server_close()
+
+
+_COUNT_PATH = "/__zephon/requests"
+
+
+def _serve(port: int, delay_s: float) -> None:
+    """moto's app on 127.0.0.1:``port``, threaded, each request answered after ``delay_s``;
+    ``GET /__zephon/requests`` gives the requests served (``?reset=1``: and resets them).
+    Exits when the process that started it is gone."""
+    from moto.moto_server.werkzeug_app import (
+        DomainDispatcherApplication,
+        MotoRequestHandler,
+        create_backend_app,
+    )
+    from werkzeug.serving import make_server
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    app = DomainDispatcherApplication(create_backend_app)
+    lock = threading.Lock()
+    served = [0]
+
+    def delayed(environ: dict[str, Any], start_response: Any) -> Any:
+        if environ.get("PATH_INFO") == _COUNT_PATH:
+            with lock:
+                body = json.dumps({"requests": served[0]}).encode()
+                if "reset=1" in environ.get("QUERY_STRING", ""):
+                    served[0] = 0
+            start_response("200 OK", [("Content-Length", str(len(body)))])
+            return [body]
+        with lock:
+            served[0] += 1
+        if delay_s:
+            time.sleep(delay_s)
+        return app(environ, start_response)
+
+    parent = os.getppid()
+
+    def orphaned() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(0)
+
+    threading.Thread(target=orphaned, daemon=True).start()
+    server = make_server("127.0.0.1", port, delayed, True, request_handler=MotoRequestHandler)
+    server.serve_forever()
+
+
+class S3ServerProcess:
+    """moto's S3 server in a process of its own on 127.0.0.1, every answer ``delay_s``
+    late; started and stopped by this object.
+
+    Raises:
+        RuntimeError: the server did not answer within ``start_timeout_s``.
+    """
+
+    def __init__(self, delay_s: float = 0.0, start_timeout_s: float = 30.0) -> None:
+        self.port = _free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])),
+        }
+        cmd = [sys.executable, "-m", "benchmarks.s3_local", "--serve", str(self.port)]
+        cmd += ["--delay-ms", str(delay_s * 1e3)]
+        self._process = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
+        deadline = time.monotonic() + start_timeout_s
+        while True:
+            try:
+                self.requests(reset=True)
+                break
+            except OSError as e:
+                if self._process.poll() is not None or time.monotonic() > deadline:
+                    self.close()
+                    raise RuntimeError(
+                        f"the moto S3 server process on {self.endpoint} did not start within "
+                        f"{start_timeout_s} s ({e})"
+                    ) from e
+                time.sleep(0.1)
+
+    @property
+    def storage_options(self) -> dict[str, Any]:
+        return storage_options_for(self.endpoint)
+
+    def client(self) -> Any:
+        import boto3
+
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+            region_name="us-east-1",
+        )
+
+    def requests(self, reset: bool = False) -> int:
+        """The requests served (the count's own excepted) since the last reset."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
+        try:
+            conn.request("GET", _COUNT_PATH + ("?reset=1" if reset else ""))
+            return int(json.loads(conn.getresponse().read())["requests"])
+        finally:
+            conn.close()
+
+    def close(self) -> None:
+        if self._process.poll() is None:
+            self._process.terminate()
+            try:
+                self._process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+
+    def __enter__(self) -> S3ServerProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="moto's S3 server with a delay, in this process")
+    ap.add_argument("--serve", type=int, required=True, metavar="PORT")
+    ap.add_argument("--delay-ms", type=float, default=0.0)
+    args = ap.parse_args(argv)
+    _serve(args.serve, args.delay_ms / 1e3)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
