@@ -67,3 +67,18 @@ def test_etcd_soak_quick_keeps_the_database_flat(tmp_path):
     first = max(s["in use MiB"] for s in samples[: len(samples) // 2])
     second = max(s["in use MiB"] for s in samples[len(samples) // 2 :])
     assert second <= first + 2 * 0.6 * 1.5, samples
+
+
+def test_etcd_soak_quick_with_blobs_keeps_etcd_small(tmp_path):
+    """With ``?blobs=`` the states go to a directory: etcd's database and its data
+    directory (the WAL, where every write stays until etcd's next snapshot) do not grow."""
+    from benchmarks import etcd_soak
+
+    args = ["--rounds", "16", "--lanes", "1024", "--ranks", "4", "--blobs"]
+    assert etcd_soak.main([*args, "--results", str(tmp_path)]) == 0
+    payload = json.loads((tmp_path / "etcd_soak.json").read_text())
+    (row,) = payload["rows"]
+    samples = payload["samples"]
+    assert row["states"] == "directory blobs" and row["rounds"] == 16 and row["stopped"] == "no"
+    assert max(s["db MiB"] for s in samples) <= 1, samples
+    assert samples[-1]["etcd dir MiB"] - samples[0]["etcd dir MiB"] <= 1, samples
