@@ -107,3 +107,35 @@ def test_text_held_keeps_no_tokens_in_waiting_rows(monkeypatch: pytest.MonkeyPat
                 assert type(piece.arrays) is not tuple  # a lazy piece: text and a count
                 docs_of = piece.arrays.docs
                 assert not docs_of.keep and not docs_of.ids  # no tokens kept
+
+
+def test_text_held_with_workers_restores_into_another_worker_count(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Text held in 2 workers, checkpointed, restored into 1 worker and into the eager
+    stage in process: the same batches on (a plan choice, not part of the state)."""
+    _many_lanes(monkeypatch, False)
+    with lm_pipeline(n_docs=60) as p:
+        reference = take(p)
+    _many_lanes(monkeypatch, True)
+    cuts = [0, 3, len(reference) // 2, len(reference)]
+    assert_resumes_exactly(
+        lambda: lm_pipeline(n_docs=60, workers=2),
+        reference=reference,
+        cuts=cuts,
+        restore_build=lambda: lm_pipeline(n_docs=60, workers=1),
+    )
+
+    def eager_in_process() -> zp.Pipeline:
+        monkeypatch.setattr(compile_mod, "HOLD_TEXT_LANES", 10**9)
+        pipe = lm_pipeline(n_docs=60)
+        assert "[text]" not in pipe.explain()  # compiled now, as it will run
+        monkeypatch.setattr(compile_mod, "HOLD_TEXT_LANES", 1)
+        return pipe
+
+    assert_resumes_exactly(
+        lambda: lm_pipeline(n_docs=60, workers=2),
+        reference=reference,
+        cuts=cuts,
+        restore_build=eager_in_process,
+    )
