@@ -19,8 +19,9 @@
  * bin is empty after the piece. evict[k] is -1 and target[k] 0.
  * The GIL is released while it runs.
  *
- * assemble_into(parts, out, pad, seg, pos) -> total: one packed row (RowAssembler.assemble):
- * the parts copied in order, pad after them, each token's piece number and position.
+ * assemble_rows(rows, out, pad, seg, pos): packed rows (RowAssembler.assemble), row i of a
+ * 2-D out from the list of parts rows[i]: the parts copied in order, pad after them, each
+ * token's piece number and position.
  *
  * What a bin holds from one emptying to the next is an instance, numbered s * num_bins + b
  * for the s-th filling of bin b in this call (s = 0: what it held when the call began).
@@ -244,16 +245,6 @@ done:
 }
 
 
-PyDoc_STRVAR(assemble_into_doc,
-             "assemble_into(parts, out, pad, seg, pos, /) -> total\n\n"
-             "One packed row (RowAssembler in zephon/operators/assembly.py is the same in numpy):\n"
-             "copies the 1-D contiguous arrays in the list parts, in order, into the 1-D\n"
-             "contiguous writable array out (every part of out's item size; the caller checks\n"
-             "their dtypes) and fills the rest of out with pad (the bytes of one item). seg and\n"
-             "pos, int32 arrays as long as out or None, get each token's piece number (1, 2, ...;\n"
-             "an empty piece takes none) and position within its piece, 0 after the pieces.\n"
-             "Returns the number of tokens copied.");
-
 /* A writable int32 row of cap items from obj into view: 1; obj None: 0; else -1 (raised). */
 static int int32_row(PyObject *obj, Py_buffer *view, Py_ssize_t cap, const char *name) {
     if (obj == Py_None) {
@@ -317,52 +308,15 @@ static Py_ssize_t assemble_row(PyObject *parts, char *dst, Py_ssize_t item, Py_s
     return total;
 }
 
-static PyObject *py_assemble_into(PyObject *Py_UNUSED(self), PyObject *args) {
-    PyObject *parts, *out_obj, *seg_obj, *pos_obj;
-    Py_buffer pad;
-    if (!PyArg_ParseTuple(args, "O!Oy*OO:assemble_into", &PyList_Type, &parts, &out_obj, &pad,
-                          &seg_obj, &pos_obj)) {
-        return NULL;
-    }
-    PyObject *result = NULL;
-    Py_buffer out = {0}, seg = {0}, pos = {0};
-    int have_seg = 0, have_pos = 0;
-    if (PyObject_GetBuffer(out_obj, &out, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
-        goto done;
-    }
-    Py_ssize_t item = out.itemsize, cap = out.len / (item > 0 ? item : 1);
-    if (item <= 0 || out.ndim != 1 || pad.len != item) {
-        PyErr_SetString(PyExc_ValueError, "out must be 1-D and pad one item of it");
-        goto done;
-    }
-    if ((have_seg = int32_row(seg_obj, &seg, cap, "seg")) < 0 ||
-        (have_pos = int32_row(pos_obj, &pos, cap, "pos")) < 0) {
-        goto done;
-    }
-    Py_ssize_t total = assemble_row(parts, out.buf, item, cap, pad.buf,
-                                    have_seg ? seg.buf : NULL, have_pos ? pos.buf : NULL);
-    if (total >= 0) {
-        result = PyLong_FromSsize_t(total);
-    }
-done:
-    PyBuffer_Release(&pad);
-    if (out.obj) {
-        PyBuffer_Release(&out);
-    }
-    if (have_seg > 0) {
-        PyBuffer_Release(&seg);
-    }
-    if (have_pos > 0) {
-        PyBuffer_Release(&pos);
-    }
-    return result;
-}
-
 PyDoc_STRVAR(assemble_rows_doc,
              "assemble_rows(rows, out, pad, seg, pos, /) -> None\n\n"
-             "assemble_into for every row of a batch at once: rows is a list of lists of parts,\n"
-             "out a 2-D contiguous writable array of len(rows) rows, seg and pos 2-D int32\n"
-             "arrays of out's shape or None; row i of rows goes into row i of each.");
+             "Packed rows (RowAssembler in zephon/operators/assembly.py is the same in numpy):\n"
+             "rows is a list of lists of 1-D contiguous arrays, out a 2-D contiguous writable\n"
+             "array of len(rows) rows. Row i's parts are copied, in order, into row i of out\n"
+             "(every part of out's item size; the caller checks their dtypes) and the rest of\n"
+             "that row is filled with pad (the bytes of one item). seg and pos, int32 arrays of\n"
+             "out's shape or None, get each token's piece number (1, 2, ...; an empty piece\n"
+             "takes none) and position within its piece, 0 after the pieces.");
 
 static PyObject *py_assemble_rows(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *rows, *out_obj, *seg_obj, *pos_obj;
@@ -419,7 +373,6 @@ done:
 
 static PyMethodDef methods[] = {
     {"place_into", py_place_into, METH_VARARGS, place_into_doc},
-    {"assemble_into", py_assemble_into, METH_VARARGS, assemble_into_doc},
     {"assemble_rows", py_assemble_rows, METH_VARARGS, assemble_rows_doc},
     {NULL, NULL, 0, NULL},
 };

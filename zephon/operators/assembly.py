@@ -14,7 +14,7 @@ A :class:`PackedRow` is the record of such a row, assembled only when its data i
 read, or written straight into a row of a batch's arrays (its ``row_layout`` and
 ``write_row``): a packed row that the replay filter drops after a restore never is.
 
-The C version (``zephon._pack.assemble_into``, ``native/pack_module.c``) covers rows of
+The C version (``zephon._pack.assemble_rows``, ``native/pack_module.c``) covers rows of
 packed and meta features only, whose pieces are 1-D contiguous arrays of one dtype per
 feature; numpy assembles every other row, and every row with ``ZEPHON_PURE_PYTHON=1``.
 """
@@ -217,7 +217,7 @@ class RowAssembler:
         return data
 
     def assemble_native(self, pieces: list[Piece]) -> dict[str, np.ndarray] | None:
-        """:meth:`assemble` with each row made by ``zephon._pack.assemble_into`` (its
+        """:meth:`assemble` with each row made by ``zephon._pack.assemble_rows`` (its
         pieces copied, the pad after them, segment ids and positions in one pass); None
         where it does not apply (see :meth:`native_layout`)."""
         layout = self.native_layout(pieces)
@@ -268,9 +268,19 @@ class RowAssembler:
     def write_rows(self, records: Sequence[PackedRow], out: dict[str, np.ndarray]) -> None:
         """Writes the rows of ``records`` (whose :meth:`native_layout` is ``out``'s) into
         ``out`` (an array of ``(len(records), seq_len)`` per name), one C call a feature."""
+        self._write([r._pieces for r in records], out)
+
+    def write_native(self, pieces: list[Piece], row: dict[str, np.ndarray]) -> None:
+        """Writes the row of ``pieces`` into ``row`` (an array of ``seq_len`` per name of
+        :meth:`native_layout`, which must not be None), in C."""
+        self._write([pieces], {name: a[np.newaxis] for name, a in row.items()})
+
+    def _write(self, rows: list[list[Piece]], out: dict[str, np.ndarray]) -> None:
+        """Rows of pieces into ``out`` (``(len(rows), seq_len)`` per name) with
+        ``zephon._pack.assemble_rows``: a feature's rows in one call, the segment ids and
+        positions made with the first packed feature and copied for the others."""
         native = _NATIVE
         assert native is not None
-        rows = [r._pieces for r in records]
         n_features = len(self.features)
         seg = pos = None
         for j, name in enumerate(self.columns):
@@ -286,27 +296,6 @@ class RowAssembler:
                 native.assemble_rows(parts, buf, pad, None, None)
                 out[name + "_segment_ids"][...] = seg
                 out[name + "_positions"][...] = pos
-
-    def write_native(self, pieces: list[Piece], row: dict[str, np.ndarray]) -> None:
-        """Writes the row of ``pieces`` into ``row`` (an array of ``seq_len`` per name of
-        :meth:`native_layout`, which must not be None), in C."""
-        native = _NATIVE
-        assert native is not None
-        n_features = len(self.features)
-        seg = pos = None
-        for j, name in enumerate(self.columns):
-            parts = [p.arrays[j] for p in pieces]
-            buf = row[name]
-            pad = self._pad_item(j, name, parts[0].dtype)
-            if j >= n_features:
-                native.assemble_into(parts, buf, pad, None, None)
-            elif seg is None:
-                seg, pos = row[name + "_segment_ids"], row[name + "_positions"]
-                native.assemble_into(parts, buf, pad, seg, pos)
-            else:
-                native.assemble_into(parts, buf, pad, None, None)
-                row[name + "_segment_ids"][...] = seg
-                row[name + "_positions"][...] = pos
 
     def _pad_item(self, column: int, name: str, dtype: np.dtype) -> bytes:
         """The bytes of one ``dtype`` item of ``column``'s pad value (checked to fit)."""

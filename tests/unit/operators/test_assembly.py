@@ -48,18 +48,18 @@ def test_a_row_assembled_in_c_is_the_numpy_row(dtype, lengths, pad, meta, data) 
 def test_the_c_row_assembly_refuses_what_does_not_fit() -> None:
     native = assembly._NATIVE
     assert native is not None, "zephon._pack is not built (native tests need it)"
-    out, seg = np.empty(4, np.int32), np.empty(4, np.int32)
+    out, seg = np.empty((1, 4), np.int32), np.empty((1, 4), np.int32)
     pad = np.int32(0).tobytes()
     with pytest.raises(ValueError, match="part 1 .* does not fit a row of 4 items"):
-        native.assemble_into([np.ones(3, np.int32), np.ones(2, np.int32)], out, pad, seg, None)
+        native.assemble_rows([[np.ones(3, np.int32), np.ones(2, np.int32)]], out, pad, seg, None)
     with pytest.raises(ValueError, match="part 0 \\(item size 8"):
-        native.assemble_into([np.ones(2, np.int64)], out, pad, None, None)
+        native.assemble_rows([[np.ones(2, np.int64)]], out, pad, None, None)
     with pytest.raises(ValueError, match="pad one item"):
-        native.assemble_into([], out, b"\0", None, None)
+        native.assemble_rows([[]], out, b"\0", None, None)
     with pytest.raises(ValueError, match="seg must be int32"):
-        native.assemble_into([], out, pad, np.empty(3, np.int32), None)
-    assert native.assemble_into([np.arange(1, 3, dtype=np.int32)], out, pad, seg, None) == 2
-    assert out.tolist() == [1, 2, 0, 0] and seg.tolist() == [1, 1, 0, 0]
+        native.assemble_rows([[]], out, pad, np.empty((1, 3), np.int32), None)
+    native.assemble_rows([[np.arange(1, 3, dtype=np.int32)]], out, pad, seg, None)
+    assert out.tolist() == [[1, 2, 0, 0]] and seg.tolist() == [[1, 1, 0, 0]]
 
 
 @pytest.mark.native
@@ -81,12 +81,12 @@ def test_a_batch_of_rows_in_one_call_is_the_rows_one_by_one(rows, extra, with_se
     pos = np.empty((len(rows), cap), np.int32) if with_seg else None
     native.assemble_rows(parts, out, pad, seg, pos)
     for i, row in enumerate(parts):
-        one, s1, p1 = np.empty(cap, np.int32), np.empty(cap, np.int32), np.empty(cap, np.int32)
-        native.assemble_into(row, one, pad, s1, p1)
-        np.testing.assert_array_equal(out[i], one)
+        one, s1, p1 = (np.empty((1, cap), np.int32) for _ in range(3))
+        native.assemble_rows([row], one, pad, s1, p1)
+        np.testing.assert_array_equal(out[i], one[0])
         if with_seg:
-            np.testing.assert_array_equal(seg[i], s1)
-            np.testing.assert_array_equal(pos[i], p1)
+            np.testing.assert_array_equal(seg[i], s1[0])
+            np.testing.assert_array_equal(pos[i], p1[0])
 
 
 @pytest.mark.native
