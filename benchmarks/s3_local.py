@@ -50,7 +50,29 @@ def storage_options_for(endpoint: str) -> dict[str, Any]:
     }
 
 
-class S3Server:
+class _Endpoint:
+    """What both servers give their users: fsspec options and a boto3 client for
+    ``self.endpoint``, with moto's dummy credentials."""
+
+    endpoint: str
+
+    @property
+    def storage_options(self) -> dict[str, Any]:
+        return storage_options_for(self.endpoint)
+
+    def client(self) -> Any:
+        import boto3
+
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+            region_name="us-east-1",
+        )
+
+
+class S3Server(_Endpoint):
     """moto's S3 server on 127.0.0.1 (a free port), started and stopped by this object.
 
     Raises:
@@ -79,21 +101,6 @@ class S3Server:
                         f"{start_timeout_s} s ({e})"
                     ) from e
                 time.sleep(0.05)
-
-    @property
-    def storage_options(self) -> dict[str, Any]:
-        return storage_options_for(self.endpoint)
-
-    def client(self) -> Any:
-        import boto3
-
-        return boto3.client(
-            "s3",
-            endpoint_url=self.endpoint,
-            aws_access_key_id="testing",
-            aws_secret_access_key="testing",
-            region_name="us-east-1",
-        )
 
     def proxy(self, delay_s: float = 0.0) -> Proxy:
         proxy = Proxy(self.port, delay_s)
@@ -262,7 +269,7 @@ def _serve(port: int, delay_s: float) -> None:
     server.serve_forever()
 
 
-class S3ServerProcess:
+class S3ServerProcess(_Endpoint):
     """moto's S3 server in a process of its own on 127.0.0.1, every answer ``delay_s``
     late; started and stopped by this object.
 
@@ -294,21 +301,6 @@ class S3ServerProcess:
                         f"{start_timeout_s} s ({e})"
                     ) from e
                 time.sleep(0.1)
-
-    @property
-    def storage_options(self) -> dict[str, Any]:
-        return storage_options_for(self.endpoint)
-
-    def client(self) -> Any:
-        import boto3
-
-        return boto3.client(
-            "s3",
-            endpoint_url=self.endpoint,
-            aws_access_key_id="testing",
-            aws_secret_access_key="testing",
-            region_name="us-east-1",
-        )
 
     def requests(self, reset: bool = False) -> int:
         """The requests served (the count's own excepted) since the last reset."""
