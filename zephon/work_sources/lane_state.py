@@ -62,13 +62,13 @@ STATE_KEYS = (
 
 #: Up to this many components :func:`pack_ints` works on Python ints: numpy's calls on a
 #: tiny array cost more than the work (a rank of thousands of lanes packs three per lane).
-FEW_COMPONENTS = 8
+_FEW = 8
 
 
 def pack_ints(values: np.ndarray) -> bytes:
     """Per-component ints as bytes (see above)."""
-    if values.size <= FEW_COMPONENTS:
-        return pack_int_list(values.tolist())
+    if values.size <= _FEW:
+        return _pack_int_list(values.tolist())
     if not values.any():
         return b"\x00"
     width = _width(int(values.min()), int(values.max()))
@@ -76,7 +76,7 @@ def pack_ints(values: np.ndarray) -> bytes:
     return bytes([width]) + planes.tobytes()
 
 
-def pack_int_list(ints: list[int]) -> bytes:
+def _pack_int_list(ints: list[int]) -> bytes:
     """:func:`pack_ints` of a few ints as a list."""
     if len(ints) == 1:  # one component: its bytes are the one plane
         (v,) = ints
@@ -132,7 +132,7 @@ def unpack_components(data: Any, count: int, what: str, names: Sequence[str]) ->
 
 def pack_carry(carry: np.ndarray) -> bytes:
     """The carried credits as float32 bytes; empty while they are all zero."""
-    zero = not any(carry.tolist()) if carry.size <= FEW_COMPONENTS else not carry.any()
+    zero = not any(carry.tolist()) if carry.size <= _FEW else not carry.any()
     return b"" if zero else carry.astype("<f4").tobytes()
 
 

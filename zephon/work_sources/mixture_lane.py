@@ -16,14 +16,7 @@ import numpy as np
 
 from zephon.chunks import WorkChunk
 from zephon.work_sources import interleave as il
-from zephon.work_sources.lane_state import (
-    FEW_COMPONENTS,
-    STATE_VERSION,
-    pack_carry,
-    pack_int_list,
-    pack_ints,
-    read_state,
-)
+from zephon.work_sources.lane_state import STATE_VERSION, pack_carry, pack_ints, read_state
 from zephon.work_sources.lengths import ComponentLengths
 from zephon.work_sources.schedule import Schedule
 
@@ -255,15 +248,6 @@ class MixtureLane:
         return self._state
 
     def _make_state(self) -> dict[str, Any]:
-        i64 = self.i64
-        if i64.shape[1] <= FEW_COMPONENTS:  # Python ints: quicker than numpy's tiny calls
-            pos, tok = i64[il.POS].tolist(), i64[il.TOK].tolist()
-            base = tok if self.inputs.token_units else pos
-            received = [a - b for a, b in zip(base, i64[il.RECV].tolist(), strict=True)]
-            packed = pack_int_list(pos), pack_int_list(tok), pack_int_list(received)
-        else:
-            received_arr = self._received_base() - i64[il.RECV]
-            packed = pack_ints(i64[il.POS]), pack_ints(i64[il.TOK]), pack_ints(received_arr)
         return {
             "version": STATE_VERSION,
             "lane": self.lane,
@@ -272,9 +256,9 @@ class MixtureLane:
             "lane_tokens": self._lane_tokens,
             "schedule_position": self._schedule_position,
             "virtual_time": self._vtime,
-            "positions": packed[0],
-            "tokens": packed[1],
-            "received": packed[2],
+            "positions": pack_ints(self.i64[il.POS]),
+            "tokens": pack_ints(self.i64[il.TOK]),
+            "received": pack_ints(self._received_base() - self.i64[il.RECV]),
             "carry": pack_carry(self.f64[il.CARRY]),
             "stopped": self._stopped,
         }
