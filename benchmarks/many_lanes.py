@@ -4,12 +4,12 @@ The LM workload in process, one rank owning L lanes. A lane's first batch costs 
 work source and bins start), and a rank of L lanes reaches every lane once per L batches,
 so this reports both: the time for the first L batches (every lane's first), and the
 steady state after it (batches/s and CPU per batch, over ``--batches`` more). Then the
-resident memory, and ``checkpoint()`` three times: right after a round in which every lane
-moved, after 100 more batches (100 lanes moved; a lane's state is rebuilt only when it
-moved), and after another round with a ``gc.collect()`` first: CPython's collector runs in
-whichever call allocates next once iteration has left young objects behind (a loop that
-frees as many as it makes never triggers it), and a checkpoint of thousands of lanes is such
-a call; the third figure is the checkpoint's own cost.
+resident memory, and ``checkpoint()`` twice: right after a round in which every lane
+moved, and after 100 more batches (100 lanes moved; a lane's state is rebuilt only when it
+moved). With each, the time CPython's cyclic collector ran inside it and in the 10 batches
+after it (see :mod:`zephon.collector`: the checkpoint builds its state with the collector
+paused, so a collection it would have triggered runs in the batch after it, once), and
+those 10 batches' time.
 Each L runs in its own process, so memory figures are its own.
 
     python -m benchmarks.many_lanes [--quick] [--lanes 8,4096] [--batches N]
@@ -53,20 +53,33 @@ def measure(lanes: int, batches: int, docs: int) -> dict[str, Any]:
     for _ in range(batches):
         next(pipe)
     t2, c2 = time.perf_counter(), time.process_time()
-    a = time.perf_counter()
-    pipe.checkpoint()
-    after_round_ms = (time.perf_counter() - a) * 1e3
+    gc_s = [0.0]
+    started = [0.0]
+
+    def on_gc(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            gc_s[0] += time.perf_counter() - started[0]
+
+    gc.callbacks.append(on_gc)
+
+    def timed_checkpoint() -> tuple[float, float, float, float]:
+        """(checkpoint ms, collector ms in it, next 10 batches ms, collector ms in them)"""
+        gc_s[0], a = 0.0, time.perf_counter()
+        pipe.checkpoint()
+        b, in_ckpt = time.perf_counter(), gc_s[0]
+        gc_s[0] = 0.0
+        for _ in range(10):
+            next(pipe)
+        c = time.perf_counter()
+        return (b - a) * 1e3, in_ckpt * 1e3, (c - b) * 1e3, gc_s[0] * 1e3
+
+    after_round = timed_checkpoint()
     for _ in range(100):
         next(pipe)
-    a = time.perf_counter()
-    pipe.checkpoint()
-    after_100_ms = (time.perf_counter() - a) * 1e3
-    for _ in range(lanes):  # every lane moves again; then the collector's debt paid first
-        next(pipe)
-    gc.collect()
-    a = time.perf_counter()
-    pipe.checkpoint()
-    collected_ms = (time.perf_counter() - a) * 1e3
+    after_100 = timed_checkpoint()
+    gc.callbacks.remove(on_gc)
     row = {
         "lanes": lanes,
         "first round s": round(t1 - t0, 2),
@@ -76,9 +89,11 @@ def measure(lanes: int, batches: int, docs: int) -> dict[str, Any]:
         "RSS MB": round(_rss_mb()),
         "RSS over corpus MB": round(_rss_mb() - base_mb),
         "peak RSS MB": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
-        "checkpoint ms (every lane moved)": round(after_round_ms, 1),
-        "checkpoint ms (100 lanes moved)": round(after_100_ms, 1),
-        "checkpoint ms (every lane moved, after gc.collect())": round(collected_ms, 1),
+        "checkpoint ms (every lane moved)": round(after_round[0], 1),
+        "collector ms in it": round(after_round[1], 1),
+        "next 10 batches ms": round(after_round[2], 1),
+        "collector ms in them": round(after_round[3], 1),
+        "checkpoint ms (100 lanes moved)": round(after_100[0], 1),
         "first-round CPU us/batch": round((c1 - c0) / lanes * 1e6),
     }
     pipe.close()

@@ -23,6 +23,7 @@ import numpy as np
 
 from zephon._fingerprint import pipeline_fingerprints
 from zephon.checkpoint.state import build_state
+from zephon.collector import collector_paused
 from zephon.compile import Plan, compile_pipeline, explain
 from zephon.engine import Engine, closed_error
 from zephon.errors import CheckpointError
@@ -582,14 +583,15 @@ class Pipeline:
         plan = self._compiled()
         topo = self._topology
         engine = self._get_engine()
-        return build_state(
-            self.fingerprint(),
-            self.fingerprint_parts(),
-            plan.flush_every_k_chunks,
-            plan.eviction,
-            topo,
-            engine.state(),
-        )
+        with collector_paused():  # an acyclic value of thousands of dicts: see the module
+            return build_state(
+                self.fingerprint(),
+                self.fingerprint_parts(),
+                plan.flush_every_k_chunks,
+                plan.eviction,
+                topo,
+                engine.state(),
+            )
 
     def aggregate(self, state: dict[str, Any]) -> dict[str, Any]:
         """Run the checkpoint round on a :meth:`local_checkpoint` state when aggregation is
