@@ -319,9 +319,9 @@ class Pack(LaneStateOperator):
             kept = held[b] if filling == 0 else []
             new = placed.get(filling * num_bins + b)
             if new:
+                _compact([new])  # what waited before was compacted when it came
                 kept = kept + new
             held[b] = kept
-        _compact(held)
         return out
 
     def _place_in_order(

@@ -357,3 +357,24 @@ def test_rows_written_into_the_batch_equal_rows_assembled_one_by_one(
         for k in a:
             assert a[k].dtype == b[k].dtype, k
             np.testing.assert_array_equal(a[k], b[k])
+
+
+def test_a_piece_left_in_a_bin_holds_a_copy_not_a_view_of_its_samples_buffer() -> None:
+    # A tokenizer may encode a whole chunk into one buffer; what waits in a lane's bins
+    # must not keep that buffer alive (a process may hold thousands of lanes' bins).
+    op = Pack(seq_len=10, num_bins=2)
+    placed, rows = [], []
+    for call in range(3):  # pieces placed by earlier calls stay copied too
+        big = np.arange(1000, dtype=np.int32) + 1 + 1000 * call
+        records = [
+            Record({"tokens": big[i * 3 : i * 3 + 3]}, 0, [Contributor(call, i, 0, True)], {0: 3})
+            for i in range(3)
+        ]
+        placed += big[:9].tolist()
+        rows += op.process_batch(records)
+        for pieces in op.bins(0).pieces:
+            for p in pieces:
+                tokens = p.arrays[0]
+                assert tokens.base is None or tokens.base.nbytes <= 2 * tokens.nbytes
+    rows += op.flush(True, 0)
+    assert sorted(t for r in rows for t in r.data["tokens"].tolist() if t) == sorted(placed)
