@@ -1,5 +1,5 @@
 /* zephon._state: the quick structural check of a decoded checkpoint state
- * (zephon/checkpoint/io.py, _plain, which is the same function in Python): every dict key
+ * (zephon/checkpoint/plain.py, _plain, which is the same function in Python): every dict key
  * an exact str, and no non-empty dict or list nested at max_depth or deeper. A leader
  * decodes one state per rank each round, so this walk runs over every rank's lanes.
  */
@@ -44,7 +44,7 @@ PyDoc_STRVAR(plain_doc,
              "plain(state, max_depth, /) -> bool\n\n"
              "Whether every key of every dict in state (a dict) is a str and no non-empty dict\n"
              "or list lies at depth max_depth or deeper (state itself is at depth 0): _plain\n"
-             "in zephon/checkpoint/io.py. max_depth is at most 1024.");
+             "in zephon/checkpoint/plain.py. max_depth is at most 1024.");
 
 static PyObject *py_plain(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *state;
@@ -69,7 +69,7 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_state",
-    "The quick structural check of decoded checkpoint states (see zephon/checkpoint/io.py).",
+    "The quick structural check of decoded checkpoint states (see zephon/checkpoint/plain.py).",
     -1, methods, NULL, NULL, NULL, NULL,
 };
 

@@ -16,7 +16,8 @@ touched, the declared size is capped by ``max_bytes`` before anything is allocat
 failure is a :class:`~zephon.errors.CheckpointError` whose message says which check failed,
 with the values. Every bit of the file is covered: a flip in the header fails the magic,
 version, flags, length or checksum check, and a flip in the payload fails the sha256. Nothing
-here pickles or evaluates.
+here pickles or evaluates: what a state may hold (plain msgpack values), checked before
+writing and after decoding, is :mod:`zephon.checkpoint.plain`.
 """
 
 from __future__ import annotations
@@ -25,15 +26,14 @@ import hashlib
 import os
 import stat
 import struct
-from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 import msgpack
 import zstandard
 
-from zephon._native import load as load_native
 from zephon.checkpoint.atomic import atomic_write_bytes
+from zephon.checkpoint.plain import check_decoded, check_writable, reject_ext
 from zephon.checkpoint.state import FORMAT_VERSION
 from zephon.errors import CheckpointError
 
@@ -55,14 +55,6 @@ DEFAULT_MAX_BYTES = 1 << 30
 _HEADER = struct.Struct("<8sIIQQ32s")
 HEADER_SIZE = _HEADER.size  # 64
 _FLAGS = 0
-
-# Checkpoint states are shallow (lanes -> chunks -> fields). A cap well under msgpack's own
-# limits turns a reference cycle or a hostile payload into a clear error, not a crash.
-_MAX_DEPTH = 256
-#: ``_plain`` in C (``native/state_module.c``): a leader runs it on every rank's state.
-_NATIVE = load_native("_state")
-_INT_MIN = -(1 << 63)
-_INT_MAX = (1 << 64) - 1
 _MAX_LEVEL = zstandard.MAX_COMPRESSION_LEVEL
 
 
@@ -97,8 +89,7 @@ def dumps(state: dict[str, Any], *, level: int = 3) -> bytes:
     """
     if isinstance(level, bool) or not isinstance(level, int) or not 1 <= level <= _MAX_LEVEL:
         raise ValueError(f"zstd level must be an int in 1..{_MAX_LEVEL}; got {level!r}")
-    if not _writable(state):
-        _check_writable(state)  # raises, saying where
+    check_writable(state)
     raw = msgpack.packb(state, use_bin_type=True)
     payload = zstandard.ZstdCompressor(
         level=level, write_checksum=True, write_content_size=True
@@ -133,114 +124,6 @@ def save(path: str | os.PathLike[str], state: dict[str, Any], *, level: int = 3)
     from zephon.checkpoint.share import complete
 
     return atomic_write_bytes(path, dumps(complete(state), level=level), make_parents=True)
-
-
-_SCALAR_TYPES = frozenset({str, bytes, float, bool, type(None)})
-
-
-def _writable(state: object) -> bool:
-    """The quick check behind :func:`dumps`: True when every key is a str and every value
-    an exact checkpoint type (ints in msgpack's range, nothing nested deeper than
-    ``_MAX_DEPTH``). It builds no paths, so it is several times faster than
-    :func:`_check_writable`, which runs only when this says False (to find the culprit, or
-    to accept what only a subclass of a checkpoint type made look odd)."""
-    if type(state) is not dict:
-        return False
-    scalars = _SCALAR_TYPES
-    stack: list[tuple[Any, int]] = [(state, 0)]
-    pop, push = stack.pop, stack.append
-    while stack:
-        container, depth = pop()
-        if depth >= _MAX_DEPTH:
-            return False
-        depth += 1
-        if type(container) is dict:
-            for key in container:
-                if type(key) is not str:
-                    return False
-            values = container.values()
-        else:
-            values = container
-        for v in values:
-            t = type(v)
-            if t is dict or t is list:
-                push((v, depth))
-            elif t is int:
-                if not _INT_MIN <= v <= _INT_MAX:
-                    return False
-            elif t not in scalars:
-                return False
-    return True
-
-
-def _check_writable(state: object) -> None:
-    """Reject what msgpack would silently change on the way back (tuple -> list, int keys
-    that ``loads`` refuses) or fail on with a message that does not say where."""
-    if not isinstance(state, dict):
-        raise CheckpointError(f"a checkpoint state must be a dict; got {type(state).__name__}")
-    for path, value in _walk(state):
-        if len(path) > _MAX_DEPTH:
-            raise CheckpointError(
-                f"cannot checkpoint {_where(path[:8])}…: nested deeper than {_MAX_DEPTH} levels"
-                " (a reference cycle?)"
-            )
-        if isinstance(value, dict):
-            for key in value:
-                if not isinstance(key, str):
-                    raise CheckpointError(
-                        f"cannot checkpoint {_where(path)}: key {key!r} is"
-                        f" {type(key).__name__}; checkpoint keys must be str"
-                    )
-        elif value is None or isinstance(value, bool | float | str | bytes | list):
-            pass
-        elif isinstance(value, int):
-            if not _INT_MIN <= value <= _INT_MAX:
-                raise CheckpointError(
-                    f"cannot checkpoint {_where(path)}: int {value} is outside msgpack's range"
-                    " [-2**63, 2**64 - 1]; store it as str or bytes"
-                )
-        else:
-            kind = type(value)
-            name = kind.__qualname__
-            if kind.__module__ != "builtins":
-                name = f"{kind.__module__}.{name}"
-            raise CheckpointError(
-                f"cannot checkpoint {_where(path)}: {name} is not a checkpoint type"
-                f" (None, bool, int, float, str, bytes, list, dict){_FIX_HINTS.get(kind, '')}"
-            )
-
-
-# msgpack would turn these into another type on the way back, or cannot pack them.
-_FIX_HINTS: dict[type, str] = {
-    tuple: "; use a list",
-    set: "; use a sorted list",
-    frozenset: "; use a sorted list",
-    bytearray: "; use bytes(...)",
-    memoryview: "; use bytes(...)",
-}
-
-
-def _walk(state: dict[str, Any]) -> Iterator[tuple[tuple[object, ...], object]]:
-    """Yield ``(path, value)`` for every value in ``state``, iteratively (no recursion limit).
-
-    ``path`` is the keys and indexes leading to ``value``; :func:`_where` renders it. The walk
-    does not descend below ``_MAX_DEPTH``, so the caller sees the too-deep value and raises.
-    """
-    stack: list[tuple[tuple[object, ...], object]] = [((), state)]
-    while stack:
-        path, value = stack.pop()
-        yield path, value
-        if len(path) > _MAX_DEPTH:
-            continue
-        if isinstance(value, dict):
-            stack.extend(((*path, k), v) for k, v in value.items())
-        elif isinstance(value, list):
-            stack.extend(((*path, i), v) for i, v in enumerate(value))
-
-
-def _where(path: tuple[object, ...]) -> str:
-    """``("lanes", 0, "cursor")`` -> ``state['lanes'][0]['cursor']``."""
-    return "state" + "".join(f"[{k!r}]" for k in path)
 
 
 # ---------------------------------------------------------------------------------- reading
@@ -451,7 +334,7 @@ def _decode(h: _Header, payload: memoryview) -> dict[str, Any]:
             max_array_len=n,
             max_map_len=n // 2,
             max_ext_len=0,
-            ext_hook=_reject_ext,
+            ext_hook=reject_ext,
         )
     except Exception as e:  # any failure to decode untrusted bytes is corruption
         detail = str(e) or "malformed data"  # msgpack's FormatError has no message
@@ -460,56 +343,9 @@ def _decode(h: _Header, payload: memoryview) -> dict[str, Any]:
         raise CheckpointError(
             f"not a checkpoint state: top level is {type(state).__name__}, expected dict"
         )
-    # msgpack's strict_map_key still admits bytes keys; a state's keys are str.
-    if not (_plain(state) if _NATIVE is None else _NATIVE.plain(state, _MAX_DEPTH)):
-        _explain_keys(state)
+    # msgpack's strict_map_key still admits bytes keys, and a crafted file can nest too deep.
+    check_decoded(state)
     return state
-
-
-def _plain(state: dict[str, Any]) -> bool:
-    """Whether every key in ``state`` is a str and nothing nests deeper than ``_MAX_DEPTH``
-    (the quick check: it builds no paths, and looks only at containers). ``zephon._state``'s
-    ``plain`` is the same function in C, used when built."""
-    stack: list[tuple[Any, int]] = [(state, 0)]
-    pop, push = stack.pop, stack.append
-    while stack:
-        value, depth = pop()
-        if depth >= _MAX_DEPTH and value:  # its contents would lie too deep
-            return False
-        if type(value) is dict:
-            for key in value:
-                if type(key) is not str:
-                    return False
-            children: Iterable[Any] = value.values()
-        else:
-            children = value
-        depth += 1
-        for v in children:
-            t = type(v)
-            if t is dict or t is list:
-                push((v, depth))
-    return True
-
-
-def _explain_keys(state: dict[str, Any]) -> None:
-    """Raises the CheckpointError that says where :func:`_plain` failed."""
-    for path, value in _walk(state):
-        if len(path) > _MAX_DEPTH:
-            raise CheckpointError(
-                f"corrupt: {_where(path[:8])}… is nested deeper than {_MAX_DEPTH} levels"
-            )
-        if isinstance(value, dict):
-            for key in value:
-                if not isinstance(key, str):
-                    raise CheckpointError(
-                        f"corrupt: {_where(path)} has key {key!r} of type"
-                        f" {type(key).__name__}; checkpoint keys are str"
-                    )
-    raise CheckpointError("corrupt: malformed state")  # _plain and _walk disagree: unreachable
-
-
-def _reject_ext(code: int, data: bytes) -> object:
-    raise ValueError(f"ext type {code} ({len(data)} bytes); checkpoints hold no ext types")
 
 
 _UNITS = ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")

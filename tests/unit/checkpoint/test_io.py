@@ -821,21 +821,21 @@ _SHAPES = [
 @pytest.mark.native
 @pytest.mark.parametrize("state", _SHAPES, ids=range(len(_SHAPES)))
 def test_the_c_and_python_structural_checks_agree(state: dict[str, Any]) -> None:
-    from zephon.checkpoint import io
+    from zephon.checkpoint import plain
 
-    if io._NATIVE is None:
+    if plain._NATIVE is None:
         pytest.skip("zephon._state is not built (or ZEPHON_PURE_PYTHON=1)")
-    assert io._NATIVE.plain(state, io._MAX_DEPTH) is io._plain(state)
+    assert plain._NATIVE.plain(state, plain.MAX_DEPTH) is plain._plain(state)
     with pytest.raises(ValueError, match="max_depth"):
-        io._NATIVE.plain(state, -1)
+        plain._NATIVE.plain(state, -1)
 
 
 def test_a_decoded_state_is_checked_whichever_check_runs() -> None:
-    from zephon.checkpoint import io
+    from zephon.checkpoint import plain
 
     for state in _SHAPES:
         raw = msgpack.packb(state, use_bin_type=True)
-        if io._plain(state):
+        if plain._plain(state):
             assert loads(envelope(raw)) == state
         else:
             with pytest.raises(CheckpointError, match="key|nested deeper"):
