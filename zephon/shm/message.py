@@ -4,18 +4,17 @@
 of the slot. The slot goes back to the producer on ``Message.release()``, or once the
 Message and every view of it are garbage collected: the views' buffer
 (``_pinned_memory``) carries the slot's lease, so a dropped Message whose arrays live on
-keeps its slot until they go.
+keeps its slot until they go. The lease knows nothing of the ring: it holds the ring's
+function that hands a slot back.
 """
 
 from __future__ import annotations
 
 import ctypes
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
-
-if TYPE_CHECKING:
-    from zephon.shm.ring import ShmRing
 
 
 def _pinned_memory(view: memoryview, offset: int, nbytes: int) -> Any:
@@ -31,22 +30,25 @@ def _pinned_memory(view: memoryview, offset: int, nbytes: int) -> Any:
 
 class _Lease:
     """Holds a consumer slot; hands it back on ``release()`` or when garbage collected
-    (that is, when the Message and every array view of it are gone)."""
+    (that is, when the Message and every array view of it are gone).
 
-    __slots__ = ("_ring", "slot")
+    ``release_slot`` is what hands the slot back (the ring's, called once with ``slot``);
+    None for a slot already handed back (a message copied out)."""
 
-    def __init__(self, ring: ShmRing | None, slot: int) -> None:
-        self._ring = ring
+    __slots__ = ("_release_slot", "slot")
+
+    def __init__(self, release_slot: Callable[[int], None] | None, slot: int) -> None:
+        self._release_slot = release_slot
         self.slot = slot
 
     @property
     def held(self) -> bool:
-        return self._ring is not None
+        return self._release_slot is not None
 
     def release(self) -> None:
-        ring, self._ring = self._ring, None
-        if ring is not None:
-            ring._release_slot(self.slot)
+        release_slot, self._release_slot = self._release_slot, None
+        if release_slot is not None:
+            release_slot(self.slot)
 
     def __del__(self) -> None:
         try:

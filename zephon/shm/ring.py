@@ -229,7 +229,7 @@ class ShmRing:
         status, slot = _core.reserve(view, _timeout_ns(timeout_s))
         if status != pyring.OK:
             _raise_for_status(status, "reserve", self.name, timeout_s)
-        return SlotWriter(self, slot, self._slot_view(view, slot))
+        return SlotWriter(self._commit_slot, self.name, slot, self._slot_view(view, slot))
 
     def put(
         self,
@@ -300,7 +300,7 @@ class ShmRing:
                     return self._copy_out(view, slot, nbytes)
                 finally:
                     self._release_slot(slot)
-            lease = _Lease(self, slot)
+            lease = _Lease(self._release_slot, slot)
             try:
                 return self._views(view, lease, nbytes)
             except BaseException:

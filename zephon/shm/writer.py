@@ -4,13 +4,15 @@
 slot where ``plan_layout`` puts them (or at an offset the caller planned) and filled in
 place; ``commit`` writes the frame (``zephon.shm.frame``) and publishes the slot. A
 writer left without a commit gives its slot up, so a failed batch never stalls the ring.
+The writer knows nothing of the ring but the function that publishes a slot and the
+ring's name (for its messages).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -28,9 +30,6 @@ from zephon.shm.frame import (
     _plan_trailer,
 )
 
-if TYPE_CHECKING:
-    from zephon.shm.ring import ShmRing
-
 
 class SlotWriter:
     """A reserved slot: allocate arrays in it, fill them in place, then ``commit(meta)``.
@@ -44,12 +43,27 @@ class SlotWriter:
 
     Leaving the ``with`` block without committing aborts the slot (the consumer
     skips it); leaving it normally without committing also raises RingError.
+
+    ``commit_slot(index, nbytes)`` publishes the slot (the ring's; ``nbytes`` 0 gives it
+    up); ``ring_name`` names the ring in error messages.
     """
 
-    __slots__ = ("_ring", "index", "capacity", "_memory", "_arrays", "_cursor", "_done")
+    __slots__ = (
+        "_commit_slot",
+        "_ring_name",
+        "index",
+        "capacity",
+        "_memory",
+        "_arrays",
+        "_cursor",
+        "_done",
+    )
 
-    def __init__(self, ring: ShmRing, index: int, memory: Any) -> None:
-        self._ring = ring
+    def __init__(
+        self, commit_slot: Callable[[int, int], None], ring_name: str, index: int, memory: Any
+    ) -> None:
+        self._commit_slot = commit_slot
+        self._ring_name = ring_name
         self.index = index
         self.capacity = len(memory)
         self._memory = memory
@@ -106,7 +120,7 @@ class SlotWriter:
         if end > self.capacity:
             raise ValueError(
                 f"array {dt.str}{list(dims)} of {nbytes} bytes at slot offset {offset} needs "
-                f"{end} bytes but ring {self._ring.name!r} slots hold {self.capacity} bytes; "
+                f"{end} bytes but ring {self._ring_name!r} slots hold {self.capacity} bytes; "
                 f"raise slot_bytes when creating the ring"
             )
         self._arrays.append((dt, dims, offset, nbytes))
@@ -131,7 +145,7 @@ class SlotWriter:
             raise ValueError(
                 f"message needs {trailer.end} bytes (metadata {meta_nbytes} B, "
                 f"{len(self._arrays)} arrays {arrays_nbytes} B, framing) but ring "
-                f"{self._ring.name!r} slots hold {self.capacity} bytes; raise slot_bytes "
+                f"{self._ring_name!r} slots hold {self.capacity} bytes; raise slot_bytes "
                 f"to at least {trailer.end} when creating the ring"
             )
         slot = self._memory
@@ -150,7 +164,7 @@ class SlotWriter:
             trailer.offset,
             meta_nbytes,
         )
-        self._ring._commit_slot(self.index, trailer.end)
+        self._commit_slot(self.index, trailer.end)
         self._done = True
         return trailer.end
 
@@ -159,7 +173,7 @@ class SlotWriter:
         if self._done:
             return
         self._done = True
-        self._ring._commit_slot(self.index, 0)
+        self._commit_slot(self.index, 0)
 
     def __del__(self) -> None:
         # A slot dropped without commit would stall the ring for good: give it up.
@@ -181,7 +195,7 @@ class SlotWriter:
         self.abort()
         if exc_type is None:
             raise RingError(
-                f"slot {self.index} of ring {self._ring.name!r} was reserved but never "
+                f"slot {self.index} of ring {self._ring_name!r} was reserved but never "
                 f"committed; call slot.commit(meta) inside the with block (it was aborted)"
             )
 
