@@ -8,8 +8,8 @@ resident memory, and ``checkpoint()`` twice: right after a round in which every 
 moved, and after 100 more batches (100 lanes moved; a lane's state is rebuilt only when it
 moved). With each, the time CPython's cyclic collector ran inside it and in the 10 batches
 after it (see :mod:`zephon.collector`: the checkpoint builds its state with the collector
-paused, so a collection it would have triggered runs in the batch after it, once), and
-those 10 batches' time.
+paused; a collection the process owes still runs once the collector is back, inside the
+call), and those 10 batches' time.
 Each L runs in its own process, so memory figures are its own.
 
     python -m benchmarks.many_lanes [--quick] [--lanes 8,4096] [--batches N]
