@@ -1,6 +1,8 @@
 /* zephon._track: the count of delivered pieces that closes their offsets
  * (ChunkTrack.add_run in zephon/tracking.py, which is the same function in Python), for
- * chunks of at most 64 offsets; a restore runs it for every piece it drops.
+ * chunks of at most 64 offsets; a restore runs it for every piece it drops. And the
+ * contributors of a chunk's whole samples (zephon.records.whole_samples), made untracked
+ * by the collector.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -75,15 +77,74 @@ static PyObject *py_close_run(PyObject *Py_UNUSED(self), PyObject *args) {
     return Py_BuildValue("(nKl)", i, bitmap, closed);
 }
 
+PyDoc_STRVAR(whole_samples_doc,
+             "whole_samples(contributor_type, chunk_id, first, stop, /) -> list\n\n"
+             "zephon.records.whole_samples: [(contributor_type(chunk_id, offset, 0, True),)\n"
+             "for offset in range(first, stop)], each contributor and its tuple untracked by\n"
+             "the cyclic collector (they hold ints only: no cycle can run through them).");
+
+static PyObject *py_whole_samples(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyTypeObject *type;
+    long long chunk_id, first, stop;
+    if (!PyArg_ParseTuple(args, "O!LLL:whole_samples", &PyType_Type, &type, &chunk_id, &first,
+                          &stop)) {
+        return NULL;
+    }
+    if (!PyType_IsSubtype(type, &PyTuple_Type) || type->tp_itemsize != sizeof(PyObject *) ||
+        type->tp_dictoffset != 0 || first < 0 || stop < first) {
+        PyErr_SetString(PyExc_ValueError,
+                        "whole_samples takes a tuple type without a __dict__ and 0 <= first <= stop");
+        return NULL;
+    }
+    PyObject *out = PyList_New((Py_ssize_t)(stop - first));
+    PyObject *cid = PyLong_FromLongLong(chunk_id), *zero = PyLong_FromLong(0);
+    if (out == NULL || cid == NULL || zero == NULL) {
+        goto fail;
+    }
+    for (long long k = first; k < stop; k++) {
+        PyObject *c = type->tp_alloc(type, 4);
+        PyObject *offset = PyLong_FromLongLong(k);
+        if (c == NULL || offset == NULL) {
+            Py_XDECREF(c);
+            Py_XDECREF(offset);
+            goto fail;
+        }
+        Py_INCREF(cid);
+        Py_INCREF(zero);
+        Py_INCREF(Py_True);
+        PyTuple_SET_ITEM(c, 0, cid);
+        PyTuple_SET_ITEM(c, 1, offset);
+        PyTuple_SET_ITEM(c, 2, zero);
+        PyTuple_SET_ITEM(c, 3, Py_True);
+        PyObject_GC_UnTrack(c);
+        PyObject *one = PyTuple_Pack(1, c);
+        Py_DECREF(c);
+        if (one == NULL) {
+            goto fail;
+        }
+        PyObject_GC_UnTrack(one);
+        PyList_SET_ITEM(out, (Py_ssize_t)(k - first), one);
+    }
+    Py_DECREF(cid);
+    Py_DECREF(zero);
+    return out;
+fail:
+    Py_XDECREF(out);
+    Py_XDECREF(cid);
+    Py_XDECREF(zero);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"close_run", py_close_run, METH_VARARGS, close_run_doc},
+    {"whole_samples", py_whole_samples, METH_VARARGS, whole_samples_doc},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "zephon._track",
-    .m_doc = "ChunkTrack.add_run of zephon.tracking, in C.",
+    .m_doc = "ChunkTrack.add_run of zephon.tracking and zephon.records.whole_samples, in C.",
     .m_size = 0,
     .m_methods = methods,
 };

@@ -13,6 +13,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from zephon._native import load
+
+_NATIVE = load("_track")  # whole_samples in C
+
 #: Where a deferred record's arrays go when it is built: ``allocate(lane, {name: (shape,
 #: dtype)})`` returns an empty array per name (a worker hands out views of a ring slot).
 Allocator = Callable[[int, dict[str, tuple[tuple[int, ...], np.dtype]]], dict[str, np.ndarray]]
@@ -34,6 +38,18 @@ class Contributor(NamedTuple):
     offset: int
     child: int
     is_last_child: bool
+
+
+def whole_samples(chunk_id: int, first: int, stop: int) -> list[tuple[Contributor]]:
+    """The contributors of the whole samples at offsets ``first:stop`` of chunk
+    ``chunk_id``, one 1-tuple per sample. In C they are made untracked by CPython's cyclic
+    collector (a contributor holds ints only); a process of thousands of lanes holds
+    hundreds of thousands of them in waiting pieces and rows, each of which every full
+    collection would otherwise scan."""
+    if _NATIVE is not None:
+        return _NATIVE.whole_samples(Contributor, chunk_id, first, stop)  # type: ignore[no-any-return]
+    new = tuple.__new__
+    return [(new(Contributor, (chunk_id, off, 0, True)),) for off in range(first, stop)]
 
 
 class Record:

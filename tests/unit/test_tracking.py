@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import copy
+import gc
 
 import numpy as np
 import pytest
 
-from zephon import tracking
+from zephon import records, tracking
 from zephon.chunks import WorkChunk
 from zephon.records import Contributor, FlushSentinel, SampleCursor
 from zephon.tracking import EPOCH, MONOTONE, ChunkTrack, LaneTracker
@@ -187,6 +188,21 @@ def test_add_run_counts_many_pieces_in_c_and_python_alike(monkeypatch):
         assert track.add_run(pieces, 100) == len(pieces) - 1  # stops at chunk 4
         seen.append((track.bitmap, track.closed, track.delivered, track.total))
     assert seen[0] == seen[1] and seen[0][0] == 2**64 - 1 and seen[0][1] == 64
+
+
+@pytest.mark.native
+def test_whole_samples_in_c_are_pythons_and_untracked_by_the_collector(monkeypatch):
+    assert records._NATIVE is not None, "zephon._track is not built (native tests need it)"
+    made = records.whole_samples(5, 3, 67)
+    # Nothing for the cyclic collector to scan: ints in tuples.
+    assert not any(gc.is_tracked(one) or gc.is_tracked(one[0]) for one in made)
+    monkeypatch.setattr(records, "_NATIVE", None)
+    assert made == records.whole_samples(5, 3, 67)
+    assert [type(c) for (c,) in made] == [Contributor] * 64
+    assert made[-1][0].offset == 66 and made[0][0].is_last_child is True
+    assert records.whole_samples(5, 4, 4) == []
+    track = ChunkTrack(WorkChunk(0, 5, np.zeros(70, np.int32), np.arange(70, dtype=np.int64), 0))
+    assert track.add_run([c for (c,) in made], 0) == 64  # what the tracker counts
 
 
 def _fresh_states(pipe) -> list:

@@ -21,7 +21,6 @@ feature; numpy assembles every other row, and every row with ``ZEPHON_PURE_PYTHO
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -42,7 +41,7 @@ class Piece(NamedTuple):
     arrays (one per column of pack: its features, meta features, then broadcast fields as
     scalars; indexable; possibly made only when read) and its length."""
 
-    contributors: list[Contributor]
+    contributors: Sequence[Contributor]
     component_tokens: dict[int, int]
     arrays: Sequence[np.ndarray] | Any
     length: int
@@ -51,9 +50,17 @@ class Piece(NamedTuple):
 class PackedRow(LazyRecord):
     """A row that ``pack`` emptied from a bin: assembled when its data is first read, or
     written straight into a row of a batch's arrays (:meth:`write_row`) where C assembles
-    it (see :meth:`RowAssembler.native_layout`)."""
+    it (see :meth:`RowAssembler.native_layout`).
 
-    __slots__ = ("_rows", "_pieces")
+    It keeps of its pieces only what assembly reads, as columns: their arrays, their
+    lengths and, with a component feature, their per-component token counts (the
+    contributors and the mix are the record's). A row may wait long (in a shuffle buffer;
+    a process of thousands of lanes holds tens of thousands), and every object it holds is
+    one more for CPython's collector to scan: a waiting row is a few objects, not a few
+    per piece.
+    """
+
+    __slots__ = ("_rows", "_arrays", "_lengths", "_mixes")
 
     def __init__(
         self,
@@ -63,8 +70,22 @@ class PackedRow(LazyRecord):
         contributors: list[Contributor],
         mix: dict[int, int],
     ) -> None:
-        super().__init__(functools.partial(_assemble_row, rows, pieces), lane, contributors, mix)
-        self._rows, self._pieces = rows, pieces
+        super().__init__(_unbuilt, lane, contributors, mix)
+        self._rows = rows
+        # Tuples: once the collector has seen one holding only untracked things (ints,
+        # tuples of arrays), it stops tracking it.
+        self._arrays = tuple([p.arrays for p in pieces])
+        self._lengths = tuple([p.length for p in pieces])
+        self._mixes = (
+            tuple([p.component_tokens for p in pieces])
+            if rows.component_feature is not None
+            else None
+        )
+
+    def materialize(self, allocate: Any) -> Any:
+        if self._build is not None:  # the setter marks it built
+            self.data = self._rows.assemble(self._arrays, self._lengths, self._mixes)
+        return super().materialize(allocate)
 
     def row_layout(self) -> tuple[RowAssembler, list[tuple[str, tuple[int, ...], np.dtype]]] | None:
         """Its pack's assembler and the row's features (see
@@ -72,15 +93,17 @@ class PackedRow(LazyRecord):
         dtypes go into their batch in one C call per feature."""
         if self.built:
             return None
-        layout = self._rows.native_layout(self._pieces)
+        layout = self._rows.native_layout(self._arrays)
         if layout is None:
             return None
         shape = (self._rows.seq_len,)
         return self._rows, [(name, shape, dtype) for name, dtype in layout]
 
 
-def _assemble_row(rows: RowAssembler, pieces: list[Piece], _: Any) -> dict[str, np.ndarray]:
-    return rows.assemble(pieces)
+def _unbuilt(_: Any) -> Any:
+    """A :class:`PackedRow`'s builder until it is built (it assembles itself: a builder
+    object per row would be one more object per waiting row)."""
+    raise AssertionError("a PackedRow assembles itself")
 
 
 class RowAssembler:
@@ -168,38 +191,49 @@ class RowAssembler:
             check_fits(f"pack(pad_values={{{name!r}: {pad!r}}})", name, pad, dtype)
             self._checked.add((column, dtype))
 
-    def assemble(self, pieces: list[Piece]) -> dict[str, np.ndarray]:
-        """A packed row: its features (the pieces one after another, then the pad) and
-        each feature's segment ids and positions; in C where it applies."""
-        fast = self.assemble_native(pieces) if _NATIVE is not None else None
-        return fast if fast is not None else self.assemble_numpy(pieces)
+    def assemble(
+        self,
+        arrays: Sequence[Any],
+        lengths: Sequence[int],
+        mixes: Sequence[dict[int, int]] | None,
+    ) -> dict[str, np.ndarray]:
+        """A packed row of pieces given as columns (see :func:`columns`): its features (the
+        pieces one after another, then the pad) and each feature's segment ids and
+        positions; in C where it applies."""
+        fast = self.assemble_native(arrays) if _NATIVE is not None else None
+        return fast if fast is not None else self.assemble_numpy(arrays, lengths, mixes)
 
-    def assemble_numpy(self, pieces: list[Piece]) -> dict[str, np.ndarray]:
+    def assemble_numpy(
+        self,
+        arrays: Sequence[Any],
+        lengths: Sequence[int],
+        mixes: Sequence[dict[int, int]] | None,
+    ) -> dict[str, np.ndarray]:
         """:meth:`assemble` in numpy: every case (broadcast fields, BOS, components)."""
         data = {}
-        lengths = np.fromiter((p.length for p in pieces), dtype=np.int64, count=len(pieces))
-        total = int(lengths.sum())
-        starts = np.cumsum(lengths) - lengths
+        lens = np.asarray(lengths, dtype=np.int64)
+        total = int(lens.sum())
+        starts = np.cumsum(lens) - lens
         seg = np.zeros(self.seq_len, dtype=np.int32)
         seg[:total] = np.repeat(
-            np.cumsum(lengths > 0, dtype=np.int32), lengths
+            np.cumsum(lens > 0, dtype=np.int32), lens
         )  # empty pieces take no id
         pos = np.zeros(self.seq_len, dtype=np.int32)
-        pos[:total] = np.arange(total, dtype=np.int32) - np.repeat(starts, lengths).astype(np.int32)
+        pos[:total] = np.arange(total, dtype=np.int32) - np.repeat(starts, lens).astype(np.int32)
         n_features, n_arrays = len(self.features), self._n_arrays
         bos = self.bos_id
-        firsts = starts[lengths > 0] if bos is not None else None
+        firsts = starts[lens > 0] if bos is not None else None
         for j, name in enumerate(self.columns):
             pad = self._pads[j]
             if j < n_arrays:
-                parts = [p.arrays[j] for p in pieces]
+                parts = [a[j] for a in arrays]
                 buf = self._buffer(j, name, np.result_type(*parts), pad)
                 if parts:
                     np.concatenate(parts, out=buf[:total])
             else:  # a broadcast field: one number per piece
-                values = np.asarray([p.arrays[j] for p in pieces], dtype=self.broadcast[name])
+                values = np.asarray([a[j] for a in arrays], dtype=self.broadcast[name])
                 buf = self._buffer(j, name, values.dtype, pad)
-                buf[:total] = np.repeat(values, lengths)
+                buf[:total] = np.repeat(values, lens)
             data[name] = buf
             if j < n_features:
                 if firsts is not None:
@@ -210,26 +244,27 @@ class RowAssembler:
                 data[name + "_segment_ids"] = seg if j == 0 else seg.copy()
                 data[name + "_positions"] = pos if j == 0 else pos.copy()
         if self.component_feature is not None:
-            comps = np.fromiter((_component(p) for p in pieces), np.int32, len(pieces))
+            assert mixes is not None  # kept for a component feature
+            comps = np.fromiter((_component(m) for m in mixes), np.int32, len(mixes))
             buf = np.full(self.seq_len, self._component_pad, dtype=np.int32)
-            buf[:total] = np.repeat(comps, lengths)
+            buf[:total] = np.repeat(comps, lens)
             data[self.component_feature] = buf
         return data
 
-    def assemble_native(self, pieces: list[Piece]) -> dict[str, np.ndarray] | None:
+    def assemble_native(self, arrays: Sequence[Any]) -> dict[str, np.ndarray] | None:
         """:meth:`assemble` with each row made by ``zephon._pack.assemble_rows`` (its
         pieces copied, the pad after them, segment ids and positions in one pass); None
         where it does not apply (see :meth:`native_layout`)."""
-        layout = self.native_layout(pieces)
+        layout = self.native_layout(arrays)
         if layout is None:
             return None
         seq_len = self.seq_len
         data = {name: np.empty(seq_len, dtype=dtype) for name, dtype in layout}
-        self.write_native(pieces, data)
+        self.write_native(arrays, data)
         return data
 
-    def native_layout(self, pieces: list[Piece]) -> list[tuple[str, np.dtype]] | None:
-        """The features of the row of ``pieces``, in order, with their dtypes (each
+    def native_layout(self, arrays: Sequence[Any]) -> list[tuple[str, np.dtype]] | None:
+        """The features of the row of pieces of ``arrays``, in order, with their dtypes (each
         ``seq_len`` long), where C assembles the row; None where it does not: broadcast
         fields, a BOS id, a component feature, or pieces whose arrays are not 1-D arrays of
         one dtype. A piece placed by length (its arrays not a tuple: the fused stage's,
@@ -237,21 +272,20 @@ class RowAssembler:
         it is not read here."""
         if self._n_arrays != len(self.columns) or self.bos_id is not None:
             return None
-        if self.component_feature is not None or _NATIVE is None or not pieces:
+        if self.component_feature is not None or _NATIVE is None or not arrays:
             return None
         layout = []
         n_features = len(self.features)
         ndarray = np.ndarray
         for j, name in enumerate(self.columns):
             dtype = None
-            for p in pieces:
-                arrays = p.arrays
-                if type(arrays) is not tuple:
+            for of_piece in arrays:
+                if type(of_piece) is not tuple:
                     if j:
                         return None
                     got = _INT32
                 else:
-                    a = arrays[j]
+                    a = of_piece[j]
                     if type(a) is not ndarray or a.ndim != 1 or not a.flags.c_contiguous:
                         return None
                     got = a.dtype
@@ -259,7 +293,7 @@ class RowAssembler:
                     dtype = got
                 elif got != dtype:
                     return None
-            assert dtype is not None  # pieces is not empty
+            assert dtype is not None  # there are pieces
             layout.append((name, dtype))
             if j < n_features:
                 layout += [(name + "_segment_ids", _INT32), (name + "_positions", _INT32)]
@@ -268,15 +302,15 @@ class RowAssembler:
     def write_rows(self, records: Sequence[PackedRow], out: dict[str, np.ndarray]) -> None:
         """Writes the rows of ``records`` (whose :meth:`native_layout` is ``out``'s) into
         ``out`` (an array of ``(len(records), seq_len)`` per name), one C call a feature."""
-        self._write([r._pieces for r in records], out)
+        self._write([r._arrays for r in records], out)
 
-    def write_native(self, pieces: list[Piece], row: dict[str, np.ndarray]) -> None:
-        """Writes the row of ``pieces`` into ``row`` (an array of ``seq_len`` per name of
-        :meth:`native_layout`, which must not be None), in C."""
-        self._write([pieces], {name: a[np.newaxis] for name, a in row.items()})
+    def write_native(self, arrays: Sequence[Any], row: dict[str, np.ndarray]) -> None:
+        """Writes the row of pieces of ``arrays`` into ``row`` (an array of ``seq_len``
+        per name of :meth:`native_layout`, which must not be None), in C."""
+        self._write([arrays], {name: a[np.newaxis] for name, a in row.items()})
 
-    def _write(self, rows: list[list[Piece]], out: dict[str, np.ndarray]) -> None:
-        """Rows of pieces into ``out`` (``(len(rows), seq_len)`` per name) with
+    def _write(self, rows: list[Sequence[Any]], out: dict[str, np.ndarray]) -> None:
+        """Rows (each its pieces' arrays) into ``out`` (``(len(rows), seq_len)`` per name) with
         ``zephon._pack.assemble_rows``: a feature's rows in one call, the segment ids and
         positions made with the first packed feature and copied for the others."""
         native = _NATIVE
@@ -284,7 +318,7 @@ class RowAssembler:
         n_features = len(self.features)
         seg = pos = None
         for j, name in enumerate(self.columns):
-            parts = [[p.arrays[j] for p in pieces] for pieces in rows]
+            parts = [[a[j] for a in row] for row in rows]
             buf = out[name]
             pad = self._pad_item(j, name, buf.dtype)
             if j >= n_features:
@@ -308,11 +342,21 @@ class RowAssembler:
         return item
 
 
-def _component(p: Piece) -> int:
-    """The mixture component of a piece (a piece of one sample has one)."""
-    if len(p.component_tokens) != 1:
+def columns(pieces: list[Piece]) -> tuple[list[Any], list[int], list[dict[int, int]]]:
+    """``pieces`` as what :meth:`RowAssembler.assemble` reads: their arrays, their lengths
+    and their per-component token counts."""
+    return (
+        [p.arrays for p in pieces],
+        [p.length for p in pieces],
+        [p.component_tokens for p in pieces],
+    )
+
+
+def _component(mix: dict[int, int]) -> int:
+    """The mixture component of a piece of ``mix`` (a piece of one sample has one)."""
+    if len(mix) != 1:
         raise ValueError(
-            f"pack(component_feature=...): a piece carries {len(p.component_tokens)} components "
-            f"{sorted(p.component_tokens)}; per-token components need pieces of one sample each"
+            f"pack(component_feature=...): a piece carries {len(mix)} components "
+            f"{sorted(mix)}; per-token components need pieces of one sample each"
         )
-    return next(iter(p.component_tokens))
+    return next(iter(mix))

@@ -22,7 +22,7 @@ operators' own code, with their own errors.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -33,7 +33,7 @@ from zephon.operators.base import OpStats, OpTraits, Output
 from zephon.operators.pack import Pack
 from zephon.operators.split import Split
 from zephon.operators.tokenize import Tokenize
-from zephon.records import Contributor, FlushSentinel, Record
+from zephon.records import Contributor, FlushSentinel, Record, whole_samples
 from zephon.stages.base import ReplayView
 
 _INT32 = np.dtype(np.int32)
@@ -206,9 +206,7 @@ class SplitPack:
         """:meth:`process_batch` of the records of offsets ``first:stop`` of ``chunk``
         (whose read samples are ``samples``), without making them: the plan's head hands a
         chunk's samples straight to this stage when it comes first."""
-        cid = chunk.chunk_id
-        new = tuple.__new__
-        contribs = [[new(Contributor, (cid, off, 0, True))] for off in range(first, stop)]
+        contribs = whole_samples(chunk.chunk_id, first, stop)
         mixes = [{c: 1} for c in comps[first:stop]]
         return self._run(chunk.lane, samples[first:stop], contribs, mixes, None)
 
@@ -216,7 +214,7 @@ class SplitPack:
         self,
         lane: int,
         datas: list[Any],
-        contribs: list[list[Contributor]],
+        contribs: Sequence[Sequence[Contributor]],
         mixes: list[dict[int, int]],
         records: list[Record] | None,
     ) -> list[Output]:
@@ -312,7 +310,7 @@ class _Pieces:
         stage: SplitPack,
         lane: int,
         datas: list[Any],
-        contribs: list[list[Contributor]],
+        contribs: Sequence[Sequence[Contributor]],
         mixes: list[dict[int, int]],
         records: list[Record] | None,
         arrays: list[Any],
@@ -359,7 +357,7 @@ class _Pieces:
                 last = (n - 1) // max_len
                 for child, lo in enumerate(range(0, n, max_len)):
                     hi = lo + max_len if child < last else n
-                    one = [new(Contributor, (chunk_id, offset, child, child == last))]
+                    one = (new(Contributor, (chunk_id, offset, child, child == last)),)
                     part = _Span(docs, k, lo, hi) if docs is not None else (ids[lo:hi],)
                     pieces.append(new(Piece, (one, {component: hi - lo}, part, hi - lo)))
 
@@ -382,5 +380,5 @@ class _Pieces:
         if self.lazy:  # the operators' code wants tokens
             ids = np.asarray(self.stage.tokenize.tokenizer.encode(self.texts[k]), _INT32)  # type: ignore[union-attr]
             (component,) = self.mixes[k]
-            return Record({"tokens": ids}, self.lane, self.contribs[k], {component: len(ids)})
-        return Record(self.datas[k], self.lane, self.contribs[k], self.mixes[k])
+            return Record({"tokens": ids}, self.lane, list(self.contribs[k]), {component: len(ids)})
+        return Record(self.datas[k], self.lane, list(self.contribs[k]), self.mixes[k])

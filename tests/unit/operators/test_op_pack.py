@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from typing import Any
 
 import numpy as np
 import pytest
 
 import zephon as zp
 from zephon.operators.assembly import RowAssembler
-from zephon.operators.pack import Pack, Piece
+from zephon.operators.pack import Pack
 from zephon.records import Contributor, LazyRecord, Record, SampleCursor
 from zephon.testing import assert_resumes_exactly, assert_resumes_through_breaks, take
 
@@ -273,10 +274,10 @@ def test_restore_never_assembles_the_bins_the_replay_filter_drops(
     assembled = 0
     assemble, write = RowAssembler.assemble, RowAssembler.write_rows
 
-    def counting(self: RowAssembler, pieces: list[Piece]) -> dict[str, np.ndarray]:
+    def counting(self: RowAssembler, *columns: Any) -> dict[str, np.ndarray]:
         nonlocal assembled
         assembled += 1
-        return assemble(self, pieces)
+        return assemble(self, *columns)
 
     def counting_write(self: RowAssembler, records: list, out: dict[str, np.ndarray]) -> None:
         nonlocal assembled
