@@ -39,6 +39,7 @@ from zephon.errors import ContractViolation
 from zephon.operators.assembly import _SCALARS, PackedRow, Piece, RowAssembler
 from zephon.operators.base import LaneStateOperator, OpTraits, Output
 from zephon.operators.placement import CONCAT_THEN_SPLIT, STRATEGIES, place
+from zephon.operators.split import cut_bounds
 from zephon.records import Contributor, Record
 
 #: ``bos_handling`` values (Grain's ``BOSHandling.REPLACE_FIRST_TOKEN_WITH_BOS``).
@@ -382,7 +383,7 @@ class Pack(LaneStateOperator):
             )
         chunk_id, offset = whole[0][0], whole[0][1]
         (component,) = p.component_tokens
-        bounds = [0, *range(head, p.length, self.seq_len), p.length]
+        bounds = cut_bounds(p.length, self.seq_len, head)
         last = len(bounds) - 2
         arrays, n_arrays = p.arrays, self._n_arrays
         out = []

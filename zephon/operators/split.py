@@ -11,6 +11,14 @@ from zephon.operators.base import Operator, OpTraits, Output
 from zephon.records import Contributor, Record
 
 
+def cut_bounds(n: int, size: int, first: int) -> list[int]:
+    """Where a sample of ``n`` tokens is cut: ``[0, first, first + size, ..., n]``, piece
+    ``j`` being tokens ``bounds[j]:bounds[j + 1]`` and child ``j`` of the sample. ``split``
+    cuts at ``first = size = max_len`` (for ``n > max_len``); ``pack``'s concat-then-split
+    at the room left in its row, then ``seq_len`` at a time."""
+    return [0, *range(first, n, size), n]
+
+
 class Split(Operator):
     traits = OpTraits(preserves_cursor_order=True, stateful=False)
     name = "split"
@@ -59,11 +67,11 @@ class Split(Operator):
         aligned = [
             k for k, v in data.items() if isinstance(v, np.ndarray) and v.ndim >= 1 and len(v) == n
         ]
-        starts = range(0, n, self.max_len)
-        last = len(starts) - 1
+        bounds = cut_bounds(n, self.max_len, self.max_len)
+        last = len(bounds) - 2
         out: list[Output] = []
-        for child, start in enumerate(starts):
-            stop = min(start + self.max_len, n)
+        for child in range(last + 1):
+            start, stop = bounds[child], bounds[child + 1]
             piece = dict(data)
             for k in aligned:
                 piece[k] = data[k][start:stop]

@@ -31,7 +31,7 @@ from zephon.chunks import WorkChunk
 from zephon.operators.assembly import Piece
 from zephon.operators.base import OpStats, OpTraits, Output
 from zephon.operators.pack import Pack
-from zephon.operators.split import Split
+from zephon.operators.split import Split, cut_bounds
 from zephon.operators.tokenize import Tokenize
 from zephon.records import Contributor, FlushSentinel, Record, whole_samples
 from zephon.stages.base import ReplayView
@@ -354,9 +354,10 @@ class _Pieces:
             else:
                 (component,) = mixes[k]
                 chunk_id, offset = whole[0][0], whole[0][1]
-                last = (n - 1) // max_len
-                for child, lo in enumerate(range(0, n, max_len)):
-                    hi = lo + max_len if child < last else n
+                bounds = cut_bounds(n, max_len, max_len)
+                last = len(bounds) - 2
+                for child in range(last + 1):
+                    lo, hi = bounds[child], bounds[child + 1]
                     one = (new(Contributor, (chunk_id, offset, child, child == last)),)
                     part = _Span(docs, k, lo, hi) if docs is not None else (ids[lo:hi],)
                     pieces.append(new(Piece, (one, {component: hi - lo}, part, hi - lo)))
