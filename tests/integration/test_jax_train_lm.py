@@ -12,7 +12,8 @@ from tests.integration._jax_common import JAX_STACK, require
 
 require(*JAX_STACK)
 
-from zephon.demo.train_lm import LOG, compare, run_demo, trajectory  # noqa: E402
+from zephon.demo.losses import LOG, compare, trajectory  # noqa: E402
+from zephon.demo.train_lm import run_demo  # noqa: E402
 
 pytestmark = [pytest.mark.jax, pytest.mark.processes]
 

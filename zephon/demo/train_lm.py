@@ -20,9 +20,9 @@ one Orbax ``CheckpointManager`` step.
 
 ``--crash-at STEP`` SIGKILLs the process when it reaches STEP (once per work directory: a
 marker file remembers it), so the same command run again resumes from the last committed
-checkpoint. Losses go to ``WORKDIR/losses.jsonl`` as they are computed, one line per step
-and attempt; a step recomputed after a resume appears twice (attempt 0 and 1), and the
-trajectory is the last value per step. On the CPU backend the resumed trajectory equals
+checkpoint. Losses go to ``WORKDIR/losses.jsonl`` (:mod:`zephon.demo.losses`) as they are
+computed, one line per step and attempt; a step recomputed after a resume appears twice
+(attempt 0 and 1), and the trajectory is the last value per step. On the CPU backend the resumed trajectory equals
 the uninterrupted one exactly: same float32 values, compared as floats, not within a
 tolerance.
 
@@ -33,7 +33,6 @@ JAX is imported inside functions: the loader's worker processes are started with
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import signal
@@ -44,7 +43,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-LOG = "losses.jsonl"
+from zephon.demo.losses import (
+    LOG,
+    attempts,
+    compare,
+    plot_losses,
+    read_log,
+    trajectory,
+    write_record,
+)
+
 CRASH_MARKER = "crashed"
 
 
@@ -196,9 +204,9 @@ def train(
         )
         state = restored.model
     restore_s = time.perf_counter() - t_restore
-    attempt = _attempts(workdir / LOG)
+    attempt = attempts(workdir / LOG)
     log = open(workdir / LOG, "a")  # noqa: SIM115 - closed at the end or by SIGKILL
-    _write(
+    write_record(
         log,
         {
             "event": "start",
@@ -216,7 +224,7 @@ def train(
         for step in range(start, steps):
             if crash_pending and step == crash_at:
                 # latest_step() counts a save whose async commit may still be running.
-                _write(
+                write_record(
                     log,
                     {
                         "event": "crash",
@@ -231,7 +239,7 @@ def train(
             loss = float(loss)  # float32 -> float64 is exact; JSON round-trips float64
             if t_first is None:
                 t_first = time.perf_counter() - t_start
-            _write(log, {"attempt": attempt, "step": step, "loss": loss})
+            write_record(log, {"attempt": attempt, "step": step, "loss": loss})
             done = step + 1
             if done % ckpt_every == 0 and done < steps:
                 mngr.save(
@@ -242,7 +250,7 @@ def train(
                 )
         mngr.wait_until_finished()
     mngr.close()
-    _write(
+    write_record(
         log,
         {
             "event": "end",
@@ -252,101 +260,6 @@ def train(
         },
     )
     log.close()
-
-
-def _write(f: Any, record: dict[str, Any]) -> None:
-    f.write(json.dumps(record) + "\n")
-    f.flush()  # a SIGKILL loses nothing that was written
-
-
-def _attempts(path: Path) -> int:
-    if not path.exists():
-        return 0
-    return sum(1 for r in read_log(path) if r.get("event") == "start")
-
-
-# ----------------------------------------------------------------------- logs and plots
-
-
-def read_log(path: str | Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-
-
-def trajectory(path: str | Path) -> dict[int, float]:
-    """step -> loss, the last attempt's value for a step computed more than once."""
-    out: dict[int, float] = {}
-    for r in read_log(_log_path(path)):
-        if "loss" in r:
-            out[r["step"]] = r["loss"]
-    return dict(sorted(out.items()))
-
-
-def _log_path(path: str | Path) -> Path:
-    p = Path(path)
-    return p / LOG if p.is_dir() else p
-
-
-def plot_losses(ref_log: str | Path, resumed_log: str | Path, out_png: str | Path) -> None:
-    """Overlay the uninterrupted run's loss curve and the crashed-then-resumed run's."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    ref = trajectory(ref_log)
-    records = read_log(_log_path(resumed_log))
-    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=120)
-    ax.plot(list(ref), list(ref.values()), color="0.75", linewidth=5, label="uninterrupted run")
-    styles = ["-", "--", ":", "-."]
-    for attempt in sorted({r["attempt"] for r in records if "loss" in r}):
-        pts = [(r["step"], r["loss"]) for r in records if "loss" in r and r["attempt"] == attempt]
-        label = "crashed run" if attempt == 0 else f"resumed run (attempt {attempt})"
-        ax.plot(*zip(*pts, strict=True), styles[attempt % len(styles)], linewidth=1.4, label=label)
-    for r in records:
-        if r.get("event") == "crash":
-            ax.axvline(r["step"], color="tab:red", linewidth=0.8)
-            ax.annotate(" SIGKILL", (r["step"], ax.get_ylim()[1]), color="tab:red", va="top")
-        if r.get("event") == "start" and r["from_step"]:
-            ax.axvline(r["from_step"], color="tab:green", linewidth=0.8)
-            ax.annotate(
-                f" restored step {r['from_step']}",
-                (r["from_step"], ax.get_ylim()[1]),
-                color="tab:green",
-                va="top",
-                ha="right",
-                rotation=90,
-            )
-    ax.set_xlabel("step")
-    ax.set_ylabel("training loss (nats/token)")
-    ax.set_title("Zephon: loss after crash + resume vs. uninterrupted")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out_png)
-    plt.close(fig)
-
-
-def compare(ref_log: str | Path, resumed_log: str | Path) -> tuple[bool, str]:
-    """Whether the resumed run's losses equal the uninterrupted run's exactly, and why not.
-
-    Also checks the steps recomputed after the resume (between the checkpoint and the
-    crash) against what the crashed attempt computed for them.
-    """
-    ref, got = trajectory(ref_log), trajectory(resumed_log)
-    if list(ref) != list(got):
-        return False, f"steps differ: uninterrupted has {len(ref)}, resumed has {len(got)}"
-    for step, loss in ref.items():
-        if got[step] != loss:
-            return False, f"step {step}: uninterrupted loss {loss!r}, resumed {got[step]!r}"
-    first: dict[int, float] = {}
-    for r in read_log(_log_path(resumed_log)):
-        if "loss" in r:
-            if r["step"] in first and first[r["step"]] != r["loss"]:
-                return (
-                    False,
-                    f"step {r['step']} recomputed after the resume gave {r['loss']!r}, the crashed run {first[r['step']]!r}",
-                )
-            first.setdefault(r["step"], r["loss"])
-    return True, ""
 
 
 # ------------------------------------------------------------------------------ the demo
