@@ -10,7 +10,8 @@ are closed, and evicts chunks whose every derived sample has been delivered:
   recorded itself, and never the epoch the replay cursor points into (cursor pinning).
 
 Offsets close when the number of delivered children reaches the total that
-``is_last_child`` revealed; children may arrive in any order.
+``is_last_child`` revealed; children may arrive in any order. The checks of a lane state
+being loaded are in :mod:`zephon.lane_checks`.
 """
 
 from __future__ import annotations
@@ -21,11 +22,20 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
 from zephon._native import load
 from zephon.chunks import WorkChunk
 from zephon.errors import CheckpointError
+from zephon.lane_checks import (
+    HELD,
+    LANE_KEYS,
+    check_pointers,
+    checked_boundaries,
+    checked_chunk,
+    checked_count,
+    checked_cursor,
+    checked_holds,
+    shown,
+)
 from zephon.records import Contributor, FlushSentinel, SampleCursor
 
 _NATIVE = load("_track")  # ChunkTrack.add_run in C, for chunks of up to 64 samples
@@ -68,32 +78,7 @@ class ChunkTrack:
             CheckpointError: a key is missing, a value has the wrong type or is out of
                 range; the message says which.
         """
-        if not isinstance(state, dict):
-            raise CheckpointError(f"an in-flight chunk must be a dict; got {_shown(state)}")
-        missing = [k for k in _CHUNK_KEYS if k not in state]
-        if missing:
-            raise CheckpointError(
-                f"an in-flight chunk has no {missing} (it has {sorted(map(str, state))})"
-            )
-        comps, indices = state["components"], state["indices"]
-        if not isinstance(comps, bytes) or not isinstance(indices, bytes):
-            raise CheckpointError(
-                f"chunk components and indices must be bytes; got {type(comps).__name__} and "
-                f"{type(indices).__name__}"
-            )
-        size = len(comps) // 4
-        if len(comps) != 4 * size or len(indices) != 8 * size:
-            raise CheckpointError(
-                f"chunk arrays of {len(comps)} and {len(indices)} bytes are not int32 and int64 "
-                "of one length"
-            )
-        plain: dict[str, Any] = {
-            "lane": checked_count("chunk lane", state["lane"]),
-            "chunk_id": checked_count("chunk_id", state["chunk_id"]),
-            "components": comps,
-            "indices": indices,
-            "seed": checked_count("chunk seed", state["seed"], 1 << 64),
-        }
+        plain, size = checked_chunk(state)
         return cls(None, size, plain)
 
     @property
@@ -311,26 +296,26 @@ class LaneTracker:
 
     def _load(self, state: dict[str, Any]) -> int:
         if not isinstance(state, dict):
-            raise CheckpointError(f"the lane state must be a dict; got {_shown(state)}")
-        missing = [k for k in _LANE_KEYS if k not in state]
+            raise CheckpointError(f"the lane state must be a dict; got {shown(state)}")
+        missing = [k for k in LANE_KEYS if k not in state]
         if missing:
             raise CheckpointError(
                 f"the lane state has no {missing} (it has {sorted(map(str, state))})"
             )
         raw_chunks = state["inflight"]
         if not isinstance(raw_chunks, list):
-            raise CheckpointError(f"inflight must be a list of chunks; got {_shown(raw_chunks)}")
+            raise CheckpointError(f"inflight must be a list of chunks; got {shown(raw_chunks)}")
         lengths = getattr(self.source, "lengths", None)
         if not (isinstance(lengths, tuple | list) and all(isinstance(n, int) for n in lengths)):
             lengths = None
         chunks = [ChunkTrack.stored(c) for c in raw_chunks]
         if lengths is not None and chunks:
-            _check_pointers(chunks, lengths)
+            check_pointers([c.to_state() for c in chunks], lengths)
         next_id = checked_count("next_chunk_id", state["next_chunk_id"])
         batches = checked_count("batches", state["batches"])
         done = state["done"]
         if not isinstance(done, bool):
-            raise CheckpointError(f"done must be a bool; got {_shown(done)}")
+            raise CheckpointError(f"done must be a bool; got {shown(done)}")
         ids = [c.chunk_id for c in chunks]
         contiguous = not ids or (
             next_id - ids[0] == len(ids) and ids == list(range(ids[0], next_id))
@@ -341,8 +326,10 @@ class LaneTracker:
                 f"next_chunk_id={next_id}; got ids {ids} of lanes "
                 f"{sorted({c.lane for c in chunks})}"
             )
-        boundaries = self._checked_boundaries(state["boundaries"], ids, next_id)
-        cursor = self._checked_cursor(state["cursor"], chunks)
+        boundaries = checked_boundaries(
+            state["boundaries"], ids, next_id, self.flush_every_k_chunks
+        )
+        cursor = checked_cursor(state["cursor"], self.lane, {c.chunk_id: c.size for c in chunks})
         try:
             self.source.load_state_dict(state["source"])
         except CheckpointError as e:
@@ -369,135 +356,3 @@ class LaneTracker:
             if c.chunk_id + 1 in bset:
                 self.replay.append(FlushSentinel(self.lane, c.chunk_id + 1))
         return len(chunks)
-
-    def _checked_boundaries(self, raw: Any, ids: list[int], next_id: int) -> list[int]:
-        """Boundaries as :meth:`state` writes them: ascending multiples of the flush cadence,
-        above the lowest in-flight chunk (or equal to ``next_chunk_id`` when none is in
-        flight) and at most ``next_chunk_id``."""
-        if not isinstance(raw, list):
-            raise CheckpointError(f"boundaries must be a list of chunk ids; got {_shown(raw)}")
-        boundaries = [checked_count("a boundary", b) for b in raw]
-        floor = ids[0] if ids else next_id
-        ok = (
-            all(a < b for a, b in itertools.pairwise(boundaries))
-            and all(floor <= b <= next_id and (ids or b == floor) for b in boundaries)
-            and (
-                not boundaries
-                or (
-                    self.flush_every_k_chunks > 0
-                    and all(b % self.flush_every_k_chunks == 0 for b in boundaries)
-                )
-            )
-        )
-        if not ok:
-            raise CheckpointError(
-                f"boundaries {boundaries} are not ascending multiples of "
-                f"flush_every_k_chunks={self.flush_every_k_chunks} within chunks {floor}..{next_id}"
-            )
-        return boundaries
-
-    def _checked_cursor(self, raw: Any, chunks: list[ChunkTrack]) -> SampleCursor | None:
-        if raw is None:
-            return None
-        if not isinstance(raw, list) or len(raw) != 3:
-            raise CheckpointError(
-                f"the replay cursor must be None or [chunk_id, offset, child]; got {_shown(raw)}"
-            )
-        chunk_id, offset, child = (
-            checked_count(f"replay cursor {name}", x)
-            for name, x in zip(("chunk_id", "offset", "child"), raw, strict=True)
-        )
-        cursor = SampleCursor(self.lane, chunk_id, offset, child)
-        sizes = {c.chunk_id: c.size for c in chunks}
-        if chunk_id not in sizes:
-            ids = list(sizes)
-            raise CheckpointError(
-                f"replay cursor {tuple(cursor)} points outside the in-flight chunks "
-                f"{ids[:1]}..{ids[-1:]}; the checkpoint is inconsistent"
-            )
-        if offset >= sizes[chunk_id]:
-            raise CheckpointError(
-                f"replay cursor {tuple(cursor)} points at offset {offset} of chunk {chunk_id}, "
-                f"which has {sizes[chunk_id]} samples; the checkpoint is inconsistent"
-            )
-        return cursor
-
-
-_LANE_KEYS = ("inflight", "boundaries", "source", "cursor", "batches", "done", "next_chunk_id")
-#: The optional lane key of ``ensure_mixture`` holds (see :attr:`LaneTracker.held`).
-HELD = "held"
-
-
-def checked_holds(state: dict[str, Any]) -> list[list[Any]]:
-    """A lane state's ``held`` entries, ``[[op, until, [weights...]], ...]`` (none when the
-    key is absent), checked.
-
-    Raises:
-        CheckpointError: not a list of such entries with ascending ``until`` per operator.
-    """
-    raw = state.get(HELD, [])
-    if not isinstance(raw, list):
-        raise CheckpointError(f"held must be a list of [op, until, weights]; got {_shown(raw)}")
-    out: list[list[Any]] = []
-    last: dict[int, int] = {}
-    for entry in raw:
-        if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[2], list)):
-            raise CheckpointError(f"a held entry must be [op, until, weights]; got {_shown(entry)}")
-        op = checked_count("held operator", entry[0])
-        until = checked_count("held until", entry[1])
-        weights = entry[2]
-        if not all(
-            isinstance(w, float | int) and not isinstance(w, bool) and 0 <= w < float("inf")
-            for w in weights
-        ):
-            raise CheckpointError(f"held weights must be finite floats >= 0; got {_shown(weights)}")
-        if until <= last.get(op, -1):
-            raise CheckpointError(f"held entries of operator {op} must ascend; got {_shown(raw)}")
-        last[op] = until
-        out.append([op, until, [float(w) for w in weights]])
-    return out
-
-
-_CHUNK_KEYS = ("lane", "chunk_id", "components", "indices", "seed")
-
-
-def _shown(value: Any) -> str:
-    return f"{type(value).__name__} {value!r:.80}"
-
-
-def checked_count(what: str, value: Any, limit: int = 1 << 63) -> int:
-    """``value`` if it is an int in ``[0, limit)`` (not a bool), else a CheckpointError
-    naming ``what`` and showing the value."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < limit:
-        raise CheckpointError(f"{what} must be an int in [0, {limit}); got {_shown(value)}")
-    return value
-
-
-def _check_pointers(chunks: list[ChunkTrack], lengths: Sequence[int]) -> None:
-    """Every pointer of the stored ``chunks`` names a component and an index inside its
-    dataset (one pass over all of them)."""
-    states = [t.to_state() for t in chunks]
-    c = np.frombuffer(b"".join(st["components"] for st in states), dtype="<i4")
-    i = np.frombuffer(b"".join(st["indices"] for st in states), dtype="<i8")
-    if not c.size:
-        return
-    if len(lengths) == 1:
-        bad = c.any() or int(i.min()) < 0 or int(i.max()) >= lengths[0]
-    else:
-        bad = int(c.min()) < 0 or int(c.max()) >= len(lengths)
-        bad = bad or bool(((i < 0) | (i >= np.asarray(lengths, dtype=np.int64)[c])).any())
-    if not bad:
-        return
-    wrong = (c < 0) | (c >= len(lengths))
-    if not wrong.any():
-        wrong = (i < 0) | (i >= np.asarray(lengths, dtype=np.int64)[c])
-    at = int(np.flatnonzero(wrong)[0])
-    for t in chunks:  # which chunk holds it
-        if at < t.size:
-            break
-        at -= t.size
-    p = sum(u.size for u in chunks[: chunks.index(t)]) + at
-    raise CheckpointError(
-        f"in-flight chunk {t.chunk_id} points at component {int(c[p])}, index {int(i[p])} "
-        f"(offset {at}), outside the datasets (lengths {list(lengths)})"
-    )

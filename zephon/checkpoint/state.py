@@ -22,6 +22,7 @@ from typing import Any
 
 from zephon._fingerprint import describe_differences
 from zephon.errors import CheckpointError
+from zephon.lane_checks import checked_count
 from zephon.topology import Topology
 
 FORMAT = "zephon.pipeline"
@@ -79,7 +80,6 @@ def check_header(state: dict[str, Any]) -> None:
 def checked_layout(state: dict[str, Any]) -> tuple[dict[int, Any], dict[int, int], int]:
     """The lane states by lane, the round-robin's next lane per DP rank and its dp_size,
     checked for shape; a CheckpointError names what is malformed."""
-    from zephon.tracking import checked_count
 
     def fail(what: str, value: Any) -> CheckpointError:
         return CheckpointError(
