@@ -25,7 +25,6 @@ import dataclasses
 import os
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 from weakref import WeakSet
@@ -34,6 +33,7 @@ from zephon.errors import ShmError, WorkerError
 from zephon.runners import faults, wire
 from zephon.runners.base import LaneRun
 from zephon.runners.chain import LaneOutput
+from zephon.runners.handle import WorkerHandle
 from zephon.runners.worker import worker_main
 
 if TYPE_CHECKING:
@@ -47,49 +47,6 @@ AUTO_FIRST_SLOT_BYTES = 1 << 20
 AUTO_MAX_SLOT_BYTES = 1 << 30
 _POLL_S = 0.05
 _STOP_GRACE_S = 0.5  # close(): how long workers get to exit on their own before SIGKILL
-
-
-class _Handle:
-    __slots__ = (
-        "id",
-        "proc",
-        "conn",
-        "ring",
-        "lanes",
-        "last_seen",
-        "lock",
-        "configured",
-        "ready",
-        "next_rings",
-        "retired",
-    )
-
-    def __init__(self, wid: int, conn: Any, ring: Any, lanes: list[int]) -> None:
-        self.id, self.conn, self.ring, self.lanes = wid, conn, ring, lanes
-        #: bigger rings sent to the worker, in order; each is read once the worker's
-        #: ``moved`` marker ends the one before (it may grow again before we get there)
-        self.next_rings: deque[Any] = deque()
-        self.retired: list[Any] = []  # rings it moved out of (zero-copy leases may live)
-        self.proc: Any = None  # set by the keeper thread once the process started
-        self.configured = False  # the keeper has sent the worker its configuration
-        self.last_seen = time.monotonic()
-        self.ready = False  # the worker said it runs: it got its configuration and ring
-        self.lock = threading.Lock()  # conn sends: the feeder thread, and close()
-
-    @property
-    def pid(self) -> int | None:
-        return None if self.proc is None else self.proc.pid
-
-    def send(self, msg: dict[str, Any], timeout_s: float = -1) -> bool:
-        if not self.lock.acquire(timeout=timeout_s):
-            return False
-        try:
-            self.conn.send_bytes(wire.pack(msg))
-            return True
-        except (OSError, ValueError):
-            return False
-        finally:
-            self.lock.release()
 
 
 # Executors not closed yet, closed at interpreter exit: before multiprocess's own exit
@@ -142,8 +99,8 @@ class ProcessExecutor:
         self.nslots = nslots
         self.start_method = start_method
         self.worker_timeout_s = worker_timeout_s
-        self.handles: list[_Handle] = []
-        self.owner: dict[int, _Handle] = {}
+        self.handles: list[WorkerHandle] = []
+        self.owner: dict[int, WorkerHandle] = {}
         self.error: BaseException | None = None
         self._stop = threading.Event()
         self._feeder: threading.Thread | None = None
@@ -174,7 +131,7 @@ class ProcessExecutor:
         _LIVE.add(self)
         lanes = run.lanes
         n = min(self.num_workers, len(lanes))
-        launches: list[tuple[_Handle, Any, Any, bytes]] = []
+        launches: list[tuple[WorkerHandle, Any, Any, bytes]] = []
         parent = (os.getpid(), self.start_method == "forkserver")  # see _die_with_parent
         try:
             # The operators are pickled once, datasets by reference: each worker unpickles
@@ -197,7 +154,7 @@ class ProcessExecutor:
                 }
                 ring = self._create_ring(wid, n)
                 parent_conn, child_conn = ctx.Pipe(duplex=True)
-                h = _Handle(wid, parent_conn, ring, mine)
+                h = WorkerHandle(wid, parent_conn, ring, mine)
                 self.handles.append(h)
                 for lane in mine:
                     self.owner[lane] = h
@@ -246,7 +203,7 @@ class ProcessExecutor:
             raise (ShmError(why) if e.errno is None else ShmError(e.errno, why)) from e
 
     def _keep_workers(
-        self, launches: list[tuple[_Handle, Any, Any, bytes]], shipment: Shipment
+        self, launches: list[tuple[WorkerHandle, Any, Any, bytes]], shipment: Shipment
     ) -> None:
         """The keeper thread: starts the workers, places the shared datasets while they
         boot, hands each its configuration, then lives until close() is done.
@@ -258,7 +215,7 @@ class ProcessExecutor:
         block the parent forever. On the control pipe its death is an error.
         """
         try:
-            started: list[tuple[_Handle, bytes]] = []
+            started: list[tuple[WorkerHandle, bytes]] = []
             try:
                 for h, proc, _, cfg in launches:
                     if self._closed:
@@ -284,7 +241,7 @@ class ProcessExecutor:
         if self._data is not None:
             self._data.close()  # the workers are gone: nobody maps the datasets any more
 
-    def _hand_over(self, h: _Handle, ops: bytes, cfg: bytes) -> None:
+    def _hand_over(self, h: WorkerHandle, ops: bytes, cfg: bytes) -> None:
         """Sends worker ``h`` its configuration (the descriptors of its ring and of the
         shared datasets, the operators, then the rest); a worker that died first is an
         error."""
@@ -303,7 +260,7 @@ class ProcessExecutor:
                     return
         raise self._startup_death(h)
 
-    def _startup_death(self, h: _Handle) -> WorkerError:
+    def _startup_death(self, h: WorkerHandle) -> WorkerError:
         h.proc.join(timeout=5)
         return faults.died_starting(
             h.id, h.proc.pid, h.lanes, h.proc.exitcode, h.configured, self.start_method
@@ -361,7 +318,7 @@ class ProcessExecutor:
                     self._fail(self._death(h))
                     return
 
-    def _grow(self, h: _Handle, need: int) -> None:
+    def _grow(self, h: WorkerHandle, need: int) -> None:
         """Worker ``h`` has an output of ``need`` bytes: a ring whose slots hold it with a
         quarter to spare, sent over its control pipe; read once the worker moved."""
         from zephon.shm import send_fds
@@ -373,7 +330,7 @@ class ProcessExecutor:
             h.conn.send_bytes(wire.pack({wire.KIND: wire.RING, wire.BYTES: size}))
             send_fds(h.conn, [ring.fileno()])
 
-    def _death(self, h: _Handle, read_pipe: bool = True) -> WorkerError:
+    def _death(self, h: WorkerHandle, read_pipe: bool = True) -> WorkerError:
         h.proc.join(timeout=1)
         code = h.proc.exitcode
         # An error message may race the process sentinel: prefer the worker's own words.
