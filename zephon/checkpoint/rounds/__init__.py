@@ -6,8 +6,9 @@ rank 0. The entry point is :class:`zephon.checkpoint.aggregate.Aggregator`; this
 holds its parts: ``keys`` (where everything lives, what the records hold), ``job`` (the job
 id), ``wait`` (one budget, backoff, watches), ``leader``, ``follower``, ``context`` (what
 both share: deciding a round, probing the store), ``checks`` (the leader's checks of what
-the ranks sent), ``publish`` (the records left for the followers' shares), ``stats`` (what
-a round cost).
+the ranks sent), ``publish`` (the records left for the followers' shares), ``merged`` (a
+follower's share, whose whole merged state is read back from those records), ``stats``
+(what a round cost).
 
 Leader::
 

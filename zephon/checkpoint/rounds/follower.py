@@ -9,15 +9,14 @@ from zephon.checkpoint.rounds.context import Decision, RoundContext, read_decisi
 from zephon.checkpoint.rounds.keys import (
     DIGEST_BYTES,
     LEADER_RANK,
-    MERGED,
     STATE,
     Announcement,
-    decode,
     digest,
 )
+from zephon.checkpoint.rounds.merged import share_of
 from zephon.checkpoint.rounds.stats import RoundStats, round_stats
 from zephon.checkpoint.rounds.wait import ControlView, Deadline
-from zephon.checkpoint.share import SHARE_KEY, Share
+from zephon.checkpoint.share import SHARE_KEY
 from zephon.errors import AggregationError, CheckpointError
 
 __all__ = ["Follower", "SHARE_KEY"]
@@ -333,7 +332,7 @@ class Follower:
             start = ctx.rank * DIGEST_BYTES
             mine = digests[start : start + DIGEST_BYTES] if isinstance(digests, bytes) else b""
             if joined.digest and mine == joined.digest:
-                return self._share(rec, state, rid)
+                return share_of(self.ctx, rec, state, rid)
             problem = f"the commit of round {rid} did not merge this rank's state"
             if joined.fresh:
                 raise AggregationError(
@@ -354,97 +353,6 @@ class Follower:
             raise AggregationError(f"{ctx.p} {problem}")
         joined.problem = problem
         return None
-
-    def _share(self, rec: dict[str, Any], state: dict[str, Any], rid: str) -> dict[str, Any]:
-        """The merged state's header with this rank's own lanes (the merged lanes of this
-        rank are its own, as the leader checked) and what they are a share of."""
-        ctx = self.ctx
-        header = rec.get("header")
-        if not isinstance(header, dict):
-            raise AggregationError(f"{ctx.p} the commit of round {rid} has no header")
-        out = dict(header)
-        out["lanes"] = sorted(state["lanes"], key=lambda ls: ls["lane"])
-        lanes_total = int(rec.get("lanes_total", 0))
-        out[SHARE_KEY] = {
-            "rank": ctx.rank,
-            "world_size": ctx.world_size,
-            "round_id": rid,
-            "job_id": ctx.job_id,
-            "lanes_total": lanes_total,
-        }
-        own = out["lanes"]
-        digests = rec.get("digests")
-
-        def fetch() -> dict[str, Any]:
-            return self._merged_state(rid, digests, own)
-
-        return Share(out, fetch)
-
-    def _merged_state(self, rid: str, digests: Any, own: list[Any]) -> dict[str, Any]:
-        """Round ``rid``'s whole merged state: every rank's state record, from what the
-        leader left for the shares (waiting, within one round budget, for the leader to
-        write it after its commit), each checked against the commit's digests, merged as
-        the leader merged them."""
-        ctx, keys, n = self.ctx, self.ctx.keys, self.ctx.world_size
-        what = f"{ctx.p} the merged state of round {rid} (this rank's share of it was asked"
-        deadline = Deadline(ctx.timeout_s)
-        delay = float(ctx.store.poll_interval_s)
-        try:
-            while True:
-                blob = ctx.store.get(keys.merged(rid))
-                if blob is not None:
-                    break
-                if ctx.store.get(keys.decision(rid)) is None:
-                    raise CheckpointError(
-                        f"{what} for every lane) is no longer in {ctx.where}: a later round"
-                        " was acknowledged, or rank 0 closed its pipeline. Save a follower's"
-                        " checkpoint() result before the next checkpoint() and before rank 0"
-                        " closes, or save rank 0's"
-                    )
-                if deadline.remaining() <= 0:
-                    raise CheckpointError(
-                        f"{what} for every lane) did not appear in {ctx.where} within"
-                        f" {ctx.timeout_s:g} s; the leader (rank {LEADER_RANK}) logs why"
-                    )
-                time.sleep(min(delay, max(deadline.remaining(), 0.0)))
-                delay = min(delay * 2, 0.5)
-        except CheckpointError:
-            raise
-        except Exception as e:
-            raise CheckpointError(
-                f"{what} for every lane) could not be read from {ctx.where}:"
-                f" {type(e).__name__}: {e}"
-            ) from e
-        rec = decode(blob, MERGED)
-        records = rec.get("records") if rec is not None else None
-        if (
-            rec is None
-            or (rec.get("round_id"), rec.get("job_id"), rec.get("fingerprint"))
-            != (rid, ctx.job_id, ctx.fingerprint)
-            or not isinstance(records, list)
-            or len(records) != n
-            or not isinstance(digests, bytes)
-        ):
-            raise CheckpointError(
-                f"{what} for every lane) in {keys.merged(rid)} in {ctx.where} is not the"
-                f" state records of this round of {ctx.who()}"
-            )
-        states = []
-        for r, record in enumerate(records):
-            st = decode(record, STATE) if isinstance(record, bytes) else None
-            if st is None or digest(record) != digests[r * DIGEST_BYTES : (r + 1) * DIGEST_BYTES]:
-                raise CheckpointError(
-                    f"{what} for every lane): rank {r}'s state record in {keys.merged(rid)}"
-                    f" in {ctx.where} is not the one the round's commit lists"
-                )
-            states.append(st["state"])
-        merged = ctx.merge(states)
-        by_lane = {ls.get("lane"): ls for ls in merged.get("lanes", []) if isinstance(ls, dict)}
-        if any(by_lane.get(ls["lane"]) != ls for ls in own):
-            raise CheckpointError(
-                f"{what} for every lane) merged from {ctx.where} differs from this rank's own lanes"
-            )
-        return merged
 
     def _voiding_announcement(self, view: ControlView, rid: str) -> Announcement | None:
         """A newer announcement that names ``rid`` void (its leader never saw its

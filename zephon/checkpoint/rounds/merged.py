@@ -1,0 +1,110 @@
+"""A follower's result of a committed round: the merged state's header with the rank's own
+lanes, as a :class:`~zephon.checkpoint.share.Share` whose whole merged state is read back
+when it is asked for, from the state records the leader left
+(:mod:`zephon.checkpoint.rounds.publish`), each checked against the commit's digests."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from zephon.checkpoint.rounds.context import RoundContext
+from zephon.checkpoint.rounds.keys import DIGEST_BYTES, LEADER_RANK, MERGED, STATE, decode, digest
+from zephon.checkpoint.rounds.wait import Deadline
+from zephon.checkpoint.share import SHARE_KEY, Share
+from zephon.errors import AggregationError, CheckpointError
+
+__all__ = ["read_merged", "share_of"]
+
+
+def share_of(
+    ctx: RoundContext, rec: dict[str, Any], state: dict[str, Any], rid: str
+) -> dict[str, Any]:
+    """The merged state's header with this rank's own lanes (the merged lanes of this
+    rank are its own, as the leader checked) and what they are a share of."""
+    header = rec.get("header")
+    if not isinstance(header, dict):
+        raise AggregationError(f"{ctx.p} the commit of round {rid} has no header")
+    out = dict(header)
+    out["lanes"] = sorted(state["lanes"], key=lambda ls: ls["lane"])
+    lanes_total = int(rec.get("lanes_total", 0))
+    out[SHARE_KEY] = {
+        "rank": ctx.rank,
+        "world_size": ctx.world_size,
+        "round_id": rid,
+        "job_id": ctx.job_id,
+        "lanes_total": lanes_total,
+    }
+    own = out["lanes"]
+    digests = rec.get("digests")
+
+    def fetch() -> dict[str, Any]:
+        return read_merged(ctx, rid, digests, own)
+
+    return Share(out, fetch)
+
+
+def read_merged(ctx: RoundContext, rid: str, digests: Any, own: list[Any]) -> dict[str, Any]:
+    """Round ``rid``'s whole merged state: every rank's state record, from what the
+    leader left for the shares (waiting, within one round budget, for the leader to
+    write it after its commit), each checked against the commit's digests, merged as
+    the leader merged them."""
+    keys, n = ctx.keys, ctx.world_size
+    what = f"{ctx.p} the merged state of round {rid} (this rank's share of it was asked"
+    deadline = Deadline(ctx.timeout_s)
+    delay = float(ctx.store.poll_interval_s)
+    try:
+        while True:
+            blob = ctx.store.get(keys.merged(rid))
+            if blob is not None:
+                break
+            if ctx.store.get(keys.decision(rid)) is None:
+                raise CheckpointError(
+                    f"{what} for every lane) is no longer in {ctx.where}: a later round"
+                    " was acknowledged, or rank 0 closed its pipeline. Save a follower's"
+                    " checkpoint() result before the next checkpoint() and before rank 0"
+                    " closes, or save rank 0's"
+                )
+            if deadline.remaining() <= 0:
+                raise CheckpointError(
+                    f"{what} for every lane) did not appear in {ctx.where} within"
+                    f" {ctx.timeout_s:g} s; the leader (rank {LEADER_RANK}) logs why"
+                )
+            time.sleep(min(delay, max(deadline.remaining(), 0.0)))
+            delay = min(delay * 2, 0.5)
+    except CheckpointError:
+        raise
+    except Exception as e:
+        raise CheckpointError(
+            f"{what} for every lane) could not be read from {ctx.where}: {type(e).__name__}: {e}"
+        ) from e
+    rec = decode(blob, MERGED)
+    records = rec.get("records") if rec is not None else None
+    if (
+        rec is None
+        or (rec.get("round_id"), rec.get("job_id"), rec.get("fingerprint"))
+        != (rid, ctx.job_id, ctx.fingerprint)
+        or not isinstance(records, list)
+        or len(records) != n
+        or not isinstance(digests, bytes)
+    ):
+        raise CheckpointError(
+            f"{what} for every lane) in {keys.merged(rid)} in {ctx.where} is not the"
+            f" state records of this round of {ctx.who()}"
+        )
+    states = []
+    for r, record in enumerate(records):
+        st = decode(record, STATE) if isinstance(record, bytes) else None
+        if st is None or digest(record) != digests[r * DIGEST_BYTES : (r + 1) * DIGEST_BYTES]:
+            raise CheckpointError(
+                f"{what} for every lane): rank {r}'s state record in {keys.merged(rid)}"
+                f" in {ctx.where} is not the one the round's commit lists"
+            )
+        states.append(st["state"])
+    merged = ctx.merge(states)
+    by_lane = {ls.get("lane"): ls for ls in merged.get("lanes", []) if isinstance(ls, dict)}
+    if any(by_lane.get(ls["lane"]) != ls for ls in own):
+        raise CheckpointError(
+            f"{what} for every lane) merged from {ctx.where} differs from this rank's own lanes"
+        )
+    return merged
