@@ -14,14 +14,11 @@ import logging
 import math
 import threading
 import time
-from typing import TYPE_CHECKING
 
 from zephon.checkpoint.stores.base import KeyHeldError
+from zephon.checkpoint.stores.etcd.client import EtcdClient
 from zephon.checkpoint.stores.etcd.gateway import _Connection
 from zephon.errors import AggregationError
-
-if TYPE_CHECKING:
-    from zephon.checkpoint.stores.etcd.store import EtcdStore
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +27,7 @@ class EtcdLease:
     """The handle ``EtcdStore.keep_alive`` returns: a daemon thread refreshes the lease
     every ``ttl_s / 3``; ``stop()`` revokes it, so the key disappears at once."""
 
-    def __init__(self, store: EtcdStore, key: str, lease_id: int, ttl_s: float) -> None:
+    def __init__(self, store: EtcdClient, key: str, lease_id: int, ttl_s: float) -> None:
         self.key = key
         self.lease_id = lease_id
         self.ttl_s = ttl_s
@@ -49,7 +46,7 @@ class EtcdLease:
 
     @classmethod
     def grant(
-        cls, store: EtcdStore, key: str, value: bytes, ttl_s: float, *, exclusive: bool
+        cls, store: EtcdClient, key: str, value: bytes, ttl_s: float, *, exclusive: bool
     ) -> EtcdLease:
         """Grant a lease of ``ceil(ttl_s)`` seconds, put ``key`` with it (only if absent,
         when ``exclusive``) and start refreshing it; the lease is revoked if the put fails.
@@ -143,7 +140,7 @@ class EtcdLease:
         self.stop()
 
 
-def _revoke_quietly(store: EtcdStore, lease_id: int) -> None:
+def _revoke_quietly(store: EtcdClient, lease_id: int) -> None:
     try:
         store._call("/lease/revoke", {"ID": lease_id}, "lease revoke")
     except AggregationError as e:

@@ -14,8 +14,9 @@ import json
 import socket
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from zephon.checkpoint.stores.etcd.client import EtcdClient
 from zephon.checkpoint.stores.etcd.gateway import (
     _HEADERS,
     _b64,
@@ -26,9 +27,6 @@ from zephon.checkpoint.stores.etcd.gateway import (
 )
 from zephon.checkpoint.stores.etcd.parts import _PART_MARK, _TAG_INLINE, _TAG_MANIFEST
 from zephon.errors import AggregationError
-
-if TYPE_CHECKING:
-    from zephon.checkpoint.stores.etcd.store import EtcdStore
 
 #: a watch stream with no traffic for this long is reopened (a stalled server, a lost peer)
 WATCH_READ_TIMEOUT_S = 30.0
@@ -45,7 +43,7 @@ class EtcdWatch:
     with a get. Keys are the store's (namespace stripped).
     """
 
-    def __init__(self, store: EtcdStore, prefix: str) -> None:
+    def __init__(self, store: EtcdClient, prefix: str) -> None:
         self._store = store
         self.prefix = prefix
         self._start = store._key(prefix)
