@@ -4,12 +4,14 @@ The LM workload in process, one rank owning L lanes. A lane's first batch costs 
 work source and bins start), and a rank of L lanes reaches every lane once per L batches,
 so this reports both: the time for the first L batches (every lane's first), and the
 steady state after it (batches/s and CPU per batch, over ``--batches`` more). Then the
-resident memory, and ``checkpoint()`` twice: right after a round in which every lane
-moved, and after 100 more batches (100 lanes moved; a lane's state is rebuilt only when it
-moved). With each, the time CPython's cyclic collector ran inside it and in the 10 batches
-after it (see :mod:`zephon.collector`: the checkpoint builds its state with the collector
-paused; a collection the process owes still runs once the collector is back, inside the
-call), and those 10 batches' time.
+resident memory and the objects CPython's cyclic collector tracks (what each full
+collection scans), and ``checkpoint()``: the first (every lane's state built), then
+:data:`CHECKPOINTS` more, each after a round in which every lane moved (the median and
+the worst), and one after 100 more batches (100 lanes moved; a lane's state is rebuilt
+only when it moved). With each, the time the collector ran inside it and in the 10
+batches after it (see :mod:`zephon.collector`: the checkpoint builds its state with the
+collector paused; a collection the process owes still runs once the collector is back,
+inside the call), and those 10 batches' time.
 Each L runs in its own process, so memory figures are its own.
 
     python -m benchmarks.many_lanes [--quick] [--lanes 8,4096] [--batches N]
@@ -36,6 +38,10 @@ def _rss_mb() -> float:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
     return float("nan")
+
+
+#: Checkpoints timed after a round in which every lane moved (the median and the worst).
+CHECKPOINTS = 5
 
 
 def measure(lanes: int, batches: int, docs: int) -> dict[str, Any]:
@@ -75,11 +81,18 @@ def measure(lanes: int, batches: int, docs: int) -> dict[str, Any]:
         c = time.perf_counter()
         return (b - a) * 1e3, in_ckpt * 1e3, (c - b) * 1e3, gc_s[0] * 1e3
 
-    after_round = timed_checkpoint()
+    first = timed_checkpoint()  # every lane's state built for the first time
+    rounds = []
+    for _ in range(CHECKPOINTS):  # each after a round in which every lane moved
+        for _ in range(lanes):
+            next(pipe)
+        rounds.append(timed_checkpoint())
     for _ in range(100):
         next(pipe)
     after_100 = timed_checkpoint()
     gc.callbacks.remove(on_gc)
+    by_ms = sorted(rounds)
+    median, worst = by_ms[len(by_ms) // 2], by_ms[-1]
     row = {
         "lanes": lanes,
         "first round s": round(t1 - t0, 2),
@@ -89,10 +102,14 @@ def measure(lanes: int, batches: int, docs: int) -> dict[str, Any]:
         "RSS MB": round(_rss_mb()),
         "RSS over corpus MB": round(_rss_mb() - base_mb),
         "peak RSS MB": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
-        "checkpoint ms (every lane moved)": round(after_round[0], 1),
-        "collector ms in it": round(after_round[1], 1),
-        "next 10 batches ms": round(after_round[2], 1),
-        "collector ms in them": round(after_round[3], 1),
+        "tracked objects": len(gc.get_objects()),
+        "first checkpoint ms": round(first[0], 1),
+        "checkpoint ms (every lane moved), median": round(median[0], 1),
+        "collector ms in it": round(median[1], 1),
+        "checkpoint ms (every lane moved), worst": round(worst[0], 1),
+        "collector ms in the worst": round(worst[1], 1),
+        "next 10 batches ms": round(median[2], 1),
+        "collector ms in them": round(median[3], 1),
         "checkpoint ms (100 lanes moved)": round(after_100[0], 1),
         "first-round CPU us/batch": round((c1 - c0) / lanes * 1e6),
     }

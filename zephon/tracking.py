@@ -147,6 +147,10 @@ class LaneTracker:
         #: :meth:`state` as last built, until something it shows changes: a checkpoint of
         #: a rank of thousands of lanes rebuilds only the lanes that moved since the last.
         self._state: dict[str, Any] | None = None
+        #: The state's ``inflight`` and ``boundaries`` lists, until a chunk comes or goes:
+        #: a delivery that evicts nothing changes only the cursor and the batch count, and
+        #: the new state shares them with the last (both are read-only).
+        self._chunks: tuple[list[dict[str, Any]], list[int]] | None = None
         #: ``[op, until, weights]`` entries: an ``ensure_mixture`` (operator ``op``) holds
         #: ``weights`` for this lane until the flush at chunk ``until`` (after a restore into
         #: an edited mixture); carried in the state while an in-flight chunk precedes it.
@@ -190,6 +194,7 @@ class LaneTracker:
                 f"{self.next_chunk_id}; chunk ids must count up from 0 by 1"
             )
         self.inflight[chunk.chunk_id] = ChunkTrack(chunk)
+        self._chunks = None
         self.next_chunk_id += 1
         items = [chunk]
         if self.flush_every_k_chunks and (chunk.chunk_id + 1) % self.flush_every_k_chunks == 0:
@@ -236,6 +241,7 @@ class LaneTracker:
             lo = next(iter(inflight))
             if lo < mark or (lo != mark and inflight[lo].complete):
                 del inflight[lo]
+                self._chunks = None
                 self.evicted += 1
             else:
                 break
@@ -255,6 +261,7 @@ class LaneTracker:
                 return
             for c in ids:
                 del inflight[c]
+            self._chunks = None
             self.evicted += len(ids)
             del self.boundaries[:i]  # boundaries at or below the new bottom say nothing more
 
@@ -265,18 +272,24 @@ class LaneTracker:
         if self._state is not None:
             return self._state
         lo = next(iter(self.inflight), None)
-        floor = lo if lo is not None else self.next_chunk_id
+        chunks = self._chunks
+        if chunks is None:
+            floor = lo if lo is not None else self.next_chunk_id
+            chunks = self._chunks = (
+                [t.to_state() for t in self.inflight.values()],
+                [b for b in self.boundaries if b > floor or (lo is None and b == floor)],
+            )
         self._state = {
             "lane": self.lane,
-            "inflight": [t.to_state() for t in self.inflight.values()],
-            "boundaries": [b for b in self.boundaries if b > floor or (lo is None and b == floor)],
+            "inflight": chunks[0],
+            "boundaries": chunks[1],
             "source": self.source.state_dict(),
             "cursor": None if self.cursor is None else list(self.cursor[1:]),
             "batches": self.batches,
             "done": self.done,
             "next_chunk_id": self.next_chunk_id,
         }
-        held = [h for h in self.held if lo is not None and lo < h[1]]
+        held = [h for h in self.held if lo is not None and lo < h[1]] if self.held else None
         if held:  # only while a replay would need it; absent otherwise
             self._state[HELD] = held
         return self._state
@@ -347,6 +360,7 @@ class LaneTracker:
         self.done = done  # (forgets the state built before)
         self.cursor = cursor
         self.inflight = {c.chunk_id: c for c in chunks}
+        self._chunks = None
         self.boundaries = boundaries
         self.next_chunk_id = next_id
         self.replay.clear()

@@ -36,10 +36,12 @@ def test_a_busy_loop_starved_of_data_is_warned_once_naming_the_knobs():
 def test_a_fed_loop_and_a_draining_loop_are_not_warned():
     with warnings.catch_warnings():
         warnings.simplefilter("error", zp.DataStallWarning)
+        # A long step (50 ms) against ~0.2 ms of loading: a machine busy with other work
+        # may slow next() tenfold and still stay well under the 10% that warns.
         with _pipeline(delay_s=0.0) as pipe:
-            for _ in range(80):
+            for _ in range(25):
                 next(pipe)
-                time.sleep(0.015)
+                time.sleep(0.05)
             assert pipe.stats()["next_wait_fraction"] < 0.10
         with _pipeline(delay_s=0.002) as pipe:  # nothing done between batches: no stall
             for _ in range(300):

@@ -211,22 +211,24 @@ def _fresh_states(pipe) -> list:
     out = []
     for lane in engine.lanes:
         tracker = engine.trackers[lane]
-        cached, tracker._state = tracker._state, None
+        cached, tracker._state, tracker._chunks = (tracker._state, tracker._chunks), None, None
         out.append(copy.deepcopy(tracker.state()))
-        tracker._state = cached
+        tracker._state, tracker._chunks = cached
     return out
 
 
+@pytest.mark.parametrize("flush", [2, 0])  # epochs, or the watermark
 @pytest.mark.parametrize("lanes", [3, 70])  # 70: lazy lane outputs too
-def test_a_lane_state_is_rebuilt_exactly_when_the_lane_moves(lanes: int) -> None:
+def test_a_lane_state_is_rebuilt_exactly_when_the_lane_moves(lanes: int, flush: int) -> None:
     import zephon as zp
 
     src = zp.StaticMixtureWorkSource([zp.ArraySource(np.arange(2000))], seed=0, chunk_size=8)
-    pipe = zp.Pipeline(src, canonical_replicas=lanes, flush_every_k_chunks=2, prefetch=2)
-    pipe = pipe.fetch().shuffle(buffer_size=5).batch(3)
+    pipe = zp.Pipeline(src, canonical_replicas=lanes, flush_every_k_chunks=flush, prefetch=2)
+    pipe = pipe.fetch()
+    pipe = (pipe.shuffle(buffer_size=5) if flush else pipe).batch(3)  # no flush: in order
     kept = []
     with pipe:
-        for step in range(4 * lanes):
+        for step in range(max(4 * lanes, 60)):  # evictions in every lane
             next(pipe)
             if step % 7 == 0:
                 with pipe._engine.lock:  # the pump pulls meanwhile: compare at one moment
