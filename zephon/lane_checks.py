@@ -21,6 +21,16 @@ HELD = "held"
 CHUNK_KEYS = ("lane", "chunk_id", "components", "indices", "seed")
 
 
+def checked_keys(what: str, state: Any, keys: tuple[str, ...]) -> None:
+    """``state`` is a dict holding every one of ``keys``, else a CheckpointError naming
+    ``what`` (and the keys missing, or what it is instead)."""
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{what} must be a dict; got {shown(state)}")
+    missing = [k for k in keys if k not in state]
+    if missing:
+        raise CheckpointError(f"{what} has no {missing} (it has {sorted(map(str, state))})")
+
+
 def shown(value: Any) -> str:
     return f"{type(value).__name__} {value!r:.80}"
 
@@ -41,13 +51,7 @@ def checked_chunk(state: Any) -> tuple[dict[str, Any], int]:
         CheckpointError: a key is missing, a value has the wrong type or is out of
             range; the message says which.
     """
-    if not isinstance(state, dict):
-        raise CheckpointError(f"an in-flight chunk must be a dict; got {shown(state)}")
-    missing = [k for k in CHUNK_KEYS if k not in state]
-    if missing:
-        raise CheckpointError(
-            f"an in-flight chunk has no {missing} (it has {sorted(map(str, state))})"
-        )
+    checked_keys("an in-flight chunk", state, CHUNK_KEYS)
     comps, indices = state["components"], state["indices"]
     if not isinstance(comps, bytes) or not isinstance(indices, bytes):
         raise CheckpointError(

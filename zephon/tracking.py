@@ -34,6 +34,7 @@ from zephon.lane_checks import (
     checked_count,
     checked_cursor,
     checked_holds,
+    checked_keys,
     shown,
 )
 from zephon.records import Contributor, FlushSentinel, SampleCursor
@@ -308,13 +309,7 @@ class LaneTracker:
             raise CheckpointError(f"lane {self.lane}: {e}") from e
 
     def _load(self, state: dict[str, Any]) -> int:
-        if not isinstance(state, dict):
-            raise CheckpointError(f"the lane state must be a dict; got {shown(state)}")
-        missing = [k for k in LANE_KEYS if k not in state]
-        if missing:
-            raise CheckpointError(
-                f"the lane state has no {missing} (it has {sorted(map(str, state))})"
-            )
+        checked_keys("the lane state", state, LANE_KEYS)
         raw_chunks = state["inflight"]
         if not isinstance(raw_chunks, list):
             raise CheckpointError(f"inflight must be a list of chunks; got {shown(raw_chunks)}")
