@@ -19,9 +19,14 @@
  * bin is empty after the piece. evict[k] is -1 and target[k] 0.
  * The GIL is released while it runs.
  *
- * assemble_rows(rows, out, pad, seg, pos): packed rows (RowAssembler.assemble), row i of a
- * 2-D out from the list of parts rows[i]: the parts copied in order, pad after them, each
- * token's piece number and position.
+ * assemble_rows(rows, column, out, pad, seg, pos): packed rows (RowAssembler.assemble), row
+ * i of a 2-D out from the pieces rows[i]: each piece's item column copied in order, pad after
+ * them, each token's piece number and position.
+ *
+ * row_formats(rows, columns, ndarray, lazy): the buffer format of each of the first columns
+ * items of every piece of rows, where for each column they are all 1-D contiguous arrays
+ * (exactly ndarray) of one format (a piece that is not a tuple counts as lazy's format for
+ * column 0 and for no other); else None. What batch asks before it allocates the rows.
  *
  * What a bin holds from one emptying to the next is an instance, numbered s * num_bins + b
  * for the s-th filling of bin b in this call (s = 0: what it held when the call began).
@@ -261,15 +266,23 @@ static int int32_row(PyObject *obj, Py_buffer *view, Py_ssize_t cap, const char 
     return 1;
 }
 
-/* Row of parts (a list) into dst (cap items of item bytes), pad after; segs/poss (cap
- * int32s each, or NULL) get piece numbers and positions. The tokens copied, or -1 (raised). */
-static Py_ssize_t assemble_row(PyObject *parts, char *dst, Py_ssize_t item, Py_ssize_t cap,
-                               const char *pad, int32_t *segs, int32_t *poss) {
-    Py_ssize_t total = 0, n = PyList_GET_SIZE(parts);
+/* Item column of each of pieces (a sequence: a tuple or list, of sequences) into dst (cap
+ * items of item bytes), pad after; segs/poss (cap int32s each, or NULL) get piece numbers
+ * and positions. The tokens copied, or -1 (raised). */
+static Py_ssize_t assemble_row(PyObject *pieces, Py_ssize_t column, char *dst, Py_ssize_t item,
+                               Py_ssize_t cap, const char *pad, int32_t *segs, int32_t *poss) {
+    Py_ssize_t total = 0, n = PySequence_Fast_GET_SIZE(pieces);
+    PyObject **items = PySequence_Fast_ITEMS(pieces);
     int32_t id = 0;
     for (Py_ssize_t k = 0; k < n; k++) {
         Py_buffer part;
-        if (PyObject_GetBuffer(PyList_GET_ITEM(parts, k), &part, PyBUF_C_CONTIGUOUS) < 0) {
+        PyObject *array = PySequence_GetItem(items[k], column);
+        if (array == NULL) {
+            return -1;
+        }
+        int got = PyObject_GetBuffer(array, &part, PyBUF_C_CONTIGUOUS);
+        Py_DECREF(array);
+        if (got < 0) {
             return -1;
         }
         Py_ssize_t m = part.len / item;
@@ -309,20 +322,22 @@ static Py_ssize_t assemble_row(PyObject *parts, char *dst, Py_ssize_t item, Py_s
 }
 
 PyDoc_STRVAR(assemble_rows_doc,
-             "assemble_rows(rows, out, pad, seg, pos, /) -> None\n\n"
+             "assemble_rows(rows, column, out, pad, seg, pos, /) -> None\n\n"
              "Packed rows (RowAssembler in zephon/operators/assembly.py is the same in numpy):\n"
-             "rows is a list of lists of 1-D contiguous arrays, out a 2-D contiguous writable\n"
-             "array of len(rows) rows. Row i's parts are copied, in order, into row i of out\n"
-             "(every part of out's item size; the caller checks their dtypes) and the rest of\n"
+             "rows is a list of rows, each a tuple or list of pieces, each a sequence whose item\n"
+             "column is a 1-D contiguous array; out is a 2-D contiguous writable array of\n"
+             "len(rows) rows. Row i's pieces' arrays are copied, in order, into row i of out\n"
+             "(every part of out's item size; row_formats checks their formats) and the rest of\n"
              "that row is filled with pad (the bytes of one item). seg and pos, int32 arrays of\n"
              "out's shape or None, get each token's piece number (1, 2, ...; an empty piece\n"
              "takes none) and position within its piece, 0 after the pieces.");
 
 static PyObject *py_assemble_rows(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *rows, *out_obj, *seg_obj, *pos_obj;
+    Py_ssize_t column;
     Py_buffer pad;
-    if (!PyArg_ParseTuple(args, "O!Oy*OO:assemble_rows", &PyList_Type, &rows, &out_obj, &pad,
-                          &seg_obj, &pos_obj)) {
+    if (!PyArg_ParseTuple(args, "O!nOy*OO:assemble_rows", &PyList_Type, &rows, &column, &out_obj,
+                          &pad, &seg_obj, &pos_obj)) {
         return NULL;
     }
     PyObject *result = NULL;
@@ -344,15 +359,15 @@ static PyObject *py_assemble_rows(PyObject *Py_UNUSED(self), PyObject *args) {
         goto done;
     }
     for (Py_ssize_t r = 0; r < nrows; r++) {
-        PyObject *parts = PyList_GET_ITEM(rows, r);
-        if (!PyList_Check(parts)) {
-            PyErr_Format(PyExc_TypeError, "row %zd of rows must be a list of parts", r);
+        PyObject *pieces = PyList_GET_ITEM(rows, r);
+        if (!PyList_Check(pieces) && !PyTuple_Check(pieces)) {
+            PyErr_Format(PyExc_TypeError, "row %zd of rows must be a tuple or list of pieces", r);
             goto done;
         }
         int32_t *segs = have_seg ? (int32_t *)seg.buf + r * cap : NULL;
         int32_t *poss = have_pos ? (int32_t *)pos.buf + r * cap : NULL;
-        if (assemble_row(parts, (char *)out.buf + r * cap * item, item, cap, pad.buf, segs,
-                         poss) < 0) {
+        if (assemble_row(pieces, column, (char *)out.buf + r * cap * item, item, cap, pad.buf,
+                         segs, poss) < 0) {
             goto done;
         }
     }
@@ -371,9 +386,107 @@ done:
     return result;
 }
 
+/* The format of 1-D contiguous array a (exactly of type ndarray) as a new str, or NULL (no
+ * error set) where a is not one. */
+static PyObject *array_format(PyObject *a, PyObject *ndarray) {
+    if ((PyObject *)Py_TYPE(a) != ndarray) {
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(a, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        PyErr_Clear();
+        return NULL;
+    }
+    PyObject *format = view.ndim == 1 ? PyUnicode_FromString(view.format ? view.format : "B")
+                                      : NULL;
+    PyBuffer_Release(&view);
+    return format;
+}
+
+PyDoc_STRVAR(row_formats_doc,
+             "row_formats(rows, columns, ndarray, lazy, /) -> tuple[str, ...] | None\n\n"
+             "rows is a list of rows, each a tuple or list of pieces, each a tuple of arrays (or\n"
+             "a piece made when read, which is not a tuple). For each of the first columns\n"
+             "items of the pieces: the buffer format they share where every one is a 1-D\n"
+             "contiguous array of type ndarray (a piece that is not a tuple counts as format\n"
+             "lazy for column 0 and fails any other); None where any is not, or a row is\n"
+             "empty.");
+
+static PyObject *py_row_formats(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *rows, *ndarray, *lazy;
+    Py_ssize_t columns;
+    if (!PyArg_ParseTuple(args, "O!nOU:row_formats", &PyList_Type, &rows, &columns, &ndarray,
+                          &lazy)) {
+        return NULL;
+    }
+    if (columns < 1) {
+        PyErr_SetString(PyExc_ValueError, "columns must be at least 1");
+        return NULL;
+    }
+    PyObject *formats = PyTuple_New(columns);
+    if (formats == NULL) {
+        return NULL;
+    }
+    Py_ssize_t nrows = PyList_GET_SIZE(rows);
+    for (Py_ssize_t r = 0; r < nrows; r++) {
+        PyObject *pieces = PyList_GET_ITEM(rows, r);
+        if (!PyList_Check(pieces) && !PyTuple_Check(pieces)) {
+            goto none;
+        }
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(pieces);
+        PyObject **items = PySequence_Fast_ITEMS(pieces);
+        if (n == 0) {
+            goto none;
+        }
+        for (Py_ssize_t k = 0; k < n; k++) {
+            PyObject *piece = items[k];
+            int whole = PyTuple_Check(piece);
+            if (!whole && columns > 1) {
+                goto none;
+            }
+            if (whole && PyTuple_GET_SIZE(piece) < columns) {
+                goto none;
+            }
+            for (Py_ssize_t j = 0; j < columns; j++) {
+                PyObject *format;
+                if (whole) {
+                    format = array_format(PyTuple_GET_ITEM(piece, j), ndarray);
+                    if (format == NULL) {
+                        if (PyErr_Occurred()) {
+                            Py_DECREF(formats);
+                            return NULL;
+                        }
+                        goto none;
+                    }
+                } else {
+                    format = Py_NewRef(lazy);
+                }
+                PyObject *seen = PyTuple_GET_ITEM(formats, j);
+                if (seen == NULL) {
+                    PyTuple_SET_ITEM(formats, j, format);
+                    continue;
+                }
+                int same = PyUnicode_Compare(seen, format) == 0;
+                Py_DECREF(format);
+                if (!same) {
+                    goto none;
+                }
+            }
+        }
+    }
+    if (nrows == 0) {
+        goto none;
+    }
+    return formats;
+none:
+    Py_DECREF(formats);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"place_into", py_place_into, METH_VARARGS, place_into_doc},
     {"assemble_rows", py_assemble_rows, METH_VARARGS, assemble_rows_doc},
+    {"row_formats", py_row_formats, METH_VARARGS, row_formats_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -82,12 +82,12 @@ class Record:
         first = self.contributors[0]
         return SampleCursor(self.lane, first[0], first[1], first[2])
 
-    def row_layout(self) -> tuple[Any, list[tuple[str, tuple[int, ...], np.dtype]]] | None:
-        """``(writer, [(name, shape, dtype), ...])`` where this record can be written into
-        one row of a batch's arrays instead of being built and copied there: records of
-        equal layouts go into a batch at once, ``writer.write_rows(records, arrays)`` (an
-        empty array of ``(len(records), *shape)`` per name); None (this default) where it
-        cannot."""
+    def row_writer(self) -> Any:
+        """What can write this record straight into one row of a batch's arrays instead of
+        it being built and copied there, or None (this default) where nothing can. Records
+        of one writer go into a batch at once where ``writer.batch_layout(records)`` gives
+        ``[(name, shape, dtype), ...]`` (not None): ``writer.write_rows(records, arrays)``
+        then fills an empty array of ``(len(records), *shape)`` per name."""
         return None
 
     def replace(self, data: Any) -> Record:

@@ -11,8 +11,9 @@ replaced by it. Pad and BOS values are checked to fit the feature's dtype exactl
 feature and dtype.
 
 A :class:`PackedRow` is the record of such a row, assembled only when its data is first
-read, or written straight into a row of a batch's arrays (its ``row_layout`` and
-``write_row``): a packed row that the replay filter drops after a restore never is.
+read, or written straight into a row of a batch's arrays (its assembler's
+``batch_layout`` and ``write_rows``): a packed row that the replay filter drops after a
+restore never is.
 
 The C version (``zephon._pack.assemble_rows``, ``native/pack_module.c``) covers rows of
 packed and meta features only, whose pieces are 1-D contiguous arrays of one dtype per
@@ -22,6 +23,7 @@ feature; numpy assembles every other row, and every row with ``ZEPHON_PURE_PYTHO
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from itertools import chain
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -34,6 +36,8 @@ _INT32 = np.dtype(np.int32)
 _SCALARS = (bool, int, float, np.bool_, np.integer, np.floating)
 
 _NATIVE = load("_pack")  # the C module of placement too
+#: The buffer format of int32 arrays (what a piece placed by length makes).
+_INT32_FORMAT = memoryview(np.empty(0, np.int32).data).format
 
 
 class Piece(NamedTuple):
@@ -49,8 +53,8 @@ class Piece(NamedTuple):
 
 class PackedRow(LazyRecord):
     """A row that ``pack`` emptied from a bin: assembled when its data is first read, or
-    written straight into a row of a batch's arrays (:meth:`write_row`) where C assembles
-    it (see :meth:`RowAssembler.native_layout`).
+    written straight into a row of a batch's arrays (:meth:`RowAssembler.write_rows`) where
+    C assembles it (see :meth:`RowAssembler.batch_layout`).
 
     It keeps of its pieces only what assembly reads, as columns: their arrays, their
     lengths and, with a component feature, their per-component token counts (the
@@ -67,37 +71,31 @@ class PackedRow(LazyRecord):
         rows: RowAssembler,
         pieces: list[Piece],
         lane: int,
-        contributors: list[Contributor],
-        mix: dict[int, int],
     ) -> None:
+        # One transposition: the pieces' columns as tuples (once the collector has seen one
+        # holding only untracked things, ints or tuples of arrays, it stops tracking it).
+        contribs, mixes, arrays, lengths = zip(*pieces, strict=True) if pieces else ((),) * 4
+        contributors = list(chain.from_iterable(contribs))
+        mix: dict[int, int] = {}
+        for m in mixes:
+            for comp, w in m.items():
+                mix[comp] = mix.get(comp, 0) + w
         super().__init__(_unbuilt, lane, contributors, mix)
         self._rows = rows
-        # Tuples: once the collector has seen one holding only untracked things (ints,
-        # tuples of arrays), it stops tracking it.
-        self._arrays = tuple([p.arrays for p in pieces])
-        self._lengths = tuple([p.length for p in pieces])
-        self._mixes = (
-            tuple([p.component_tokens for p in pieces])
-            if rows.component_feature is not None
-            else None
-        )
+        self._arrays = arrays
+        self._lengths = lengths
+        self._mixes = mixes if rows.component_feature is not None else None
 
     def materialize(self, allocate: Any) -> Any:
         if self._build is not None:  # the setter marks it built
             self.data = self._rows.assemble(self._arrays, self._lengths, self._mixes)
         return super().materialize(allocate)
 
-    def row_layout(self) -> tuple[RowAssembler, list[tuple[str, tuple[int, ...], np.dtype]]] | None:
-        """Its pack's assembler and the row's features (see
-        :meth:`zephon.records.Record.row_layout`): the rows of one pack with the same
-        dtypes go into their batch in one C call per feature."""
-        if self.built:
-            return None
-        layout = self._rows.native_layout(self._arrays)
-        if layout is None:
-            return None
-        shape = (self._rows.seq_len,)
-        return self._rows, [(name, shape, dtype) for name, dtype in layout]
+    def row_writer(self) -> RowAssembler | None:
+        """Its pack's assembler until its data is read (see
+        :meth:`zephon.records.Record.row_writer`): the rows of one pack go into their batch
+        in one C call per feature where :meth:`RowAssembler.batch_layout` allows."""
+        return None if self.built else self._rows
 
 
 def _unbuilt(_: Any) -> Any:
@@ -252,62 +250,56 @@ class RowAssembler:
         return data
 
     def assemble_native(self, arrays: Sequence[Any]) -> dict[str, np.ndarray] | None:
-        """:meth:`assemble` with each row made by ``zephon._pack.assemble_rows`` (its
-        pieces copied, the pad after them, segment ids and positions in one pass); None
-        where it does not apply (see :meth:`native_layout`)."""
-        layout = self.native_layout(arrays)
+        """:meth:`assemble` with the row made by ``zephon._pack.assemble_rows`` (its pieces
+        copied, the pad after them, segment ids and positions in one pass); None where it
+        does not apply (see :meth:`batch_layout`)."""
+        layout = self._layout([arrays])
         if layout is None:
             return None
-        seq_len = self.seq_len
-        data = {name: np.empty(seq_len, dtype=dtype) for name, dtype in layout}
-        self.write_native(arrays, data)
-        return data
+        row = {name: np.empty((1, self.seq_len), dtype=dtype) for name, dtype in layout}
+        self._write([arrays], row)
+        return {name: a[0] for name, a in row.items()}
 
-    def native_layout(self, arrays: Sequence[Any]) -> list[tuple[str, np.dtype]] | None:
-        """The features of the row of pieces of ``arrays``, in order, with their dtypes (each
-        ``seq_len`` long), where C assembles the row; None where it does not: broadcast
-        fields, a BOS id, a component feature, or pieces whose arrays are not 1-D arrays of
-        one dtype. A piece placed by length (its arrays not a tuple: the fused stage's,
-        on ``"tokens"`` alone) makes int32 tokens, 1-D and contiguous, when it is written:
-        it is not read here."""
-        if self._n_arrays != len(self.columns) or self.bos_id is not None:
+    def batch_layout(
+        self, records: Sequence[PackedRow]
+    ) -> list[tuple[str, tuple[int, ...], np.dtype]] | None:
+        """The features of the rows of ``records`` (each ``seq_len`` long), in order, with
+        their dtypes, where C writes them into a batch's arrays (:meth:`write_rows`); None
+        where it does not (see :meth:`_layout`)."""
+        layout = self._layout([r._arrays for r in records])
+        if layout is None:
             return None
-        if self.component_feature is not None or _NATIVE is None or not arrays:
+        shape = (self.seq_len,)
+        return [(name, shape, dtype) for name, dtype in layout]
+
+    def _layout(self, rows: list[Sequence[Any]]) -> list[tuple[str, np.dtype]] | None:
+        """The features of ``rows`` (each its pieces' arrays) with their dtypes, where C
+        assembles them; None where it does not: broadcast fields, a BOS id, a component
+        feature, an empty row, or pieces whose arrays are not 1-D contiguous arrays of one
+        dtype per column (``zephon._pack.row_formats`` checks them all in one call). A piece
+        placed by length (its arrays not a tuple: the fused stage's, on ``"tokens"`` alone)
+        makes int32 tokens, 1-D and contiguous, when it is written: it is not read here."""
+        native = _NATIVE
+        if native is None or self._n_arrays != len(self.columns) or self.bos_id is not None:
             return None
+        if self.component_feature is not None:
+            return None
+        formats = native.row_formats(rows, len(self.columns), np.ndarray, _INT32_FORMAT)
+        if formats is None:
+            return None
+        first = next((p for row in rows for p in row if type(p) is tuple), None)
         layout = []
         n_features = len(self.features)
-        ndarray = np.ndarray
         for j, name in enumerate(self.columns):
-            dtype = None
-            for of_piece in arrays:
-                if type(of_piece) is not tuple:
-                    if j:
-                        return None
-                    got = _INT32
-                else:
-                    a = of_piece[j]
-                    if type(a) is not ndarray or a.ndim != 1 or not a.flags.c_contiguous:
-                        return None
-                    got = a.dtype
-                if dtype is None:
-                    dtype = got
-                elif got != dtype:
-                    return None
-            assert dtype is not None  # there are pieces
-            layout.append((name, dtype))
+            layout.append((name, _INT32 if first is None else first[j].dtype))
             if j < n_features:
                 layout += [(name + "_segment_ids", _INT32), (name + "_positions", _INT32)]
         return layout
 
     def write_rows(self, records: Sequence[PackedRow], out: dict[str, np.ndarray]) -> None:
-        """Writes the rows of ``records`` (whose :meth:`native_layout` is ``out``'s) into
+        """Writes the rows of ``records`` (whose :meth:`batch_layout` is ``out``'s) into
         ``out`` (an array of ``(len(records), seq_len)`` per name), one C call a feature."""
         self._write([r._arrays for r in records], out)
-
-    def write_native(self, arrays: Sequence[Any], row: dict[str, np.ndarray]) -> None:
-        """Writes the row of pieces of ``arrays`` into ``row`` (an array of ``seq_len``
-        per name of :meth:`native_layout`, which must not be None), in C."""
-        self._write([arrays], {name: a[np.newaxis] for name, a in row.items()})
 
     def _write(self, rows: list[Sequence[Any]], out: dict[str, np.ndarray]) -> None:
         """Rows (each its pieces' arrays) into ``out`` (``(len(rows), seq_len)`` per name) with
@@ -318,16 +310,15 @@ class RowAssembler:
         n_features = len(self.features)
         seg = pos = None
         for j, name in enumerate(self.columns):
-            parts = [[a[j] for a in row] for row in rows]
             buf = out[name]
             pad = self._pad_item(j, name, buf.dtype)
             if j >= n_features:
-                native.assemble_rows(parts, buf, pad, None, None)
+                native.assemble_rows(rows, j, buf, pad, None, None)
             elif seg is None:
                 seg, pos = out[name + "_segment_ids"], out[name + "_positions"]
-                native.assemble_rows(parts, buf, pad, seg, pos)
+                native.assemble_rows(rows, j, buf, pad, seg, pos)
             else:
-                native.assemble_rows(parts, buf, pad, None, None)
+                native.assemble_rows(rows, j, buf, pad, None, None)
                 out[name + "_segment_ids"][...] = seg
                 out[name + "_positions"][...] = pos
 

@@ -135,9 +135,9 @@ class Batch(LaneStateOperator):
         extra: dict[str, tuple[tuple[int, ...], np.dtype]] | None = None,
     ) -> Any:
         n = len(records)
-        layout = _row_layout(records)
-        if layout is not None:  # the records' writer writes them into their rows
-            writer, fields = layout
+        writer = _row_writer(records)
+        fields = writer.batch_layout(records) if writer is not None else None
+        if fields is not None:  # the records' writer writes them into their rows
             spec = {name: ((n, *shape), dtype) for name, shape, dtype in fields}
             if extra:
                 spec.update(extra)
@@ -200,17 +200,15 @@ class Batch(LaneStateOperator):
         return f"Batch(batch_size={self.batch_size}, pad_last=True, pad_values={pads!r})"
 
 
-def _row_layout(
-    records: list[Any],
-) -> tuple[Any, list[tuple[str, tuple[int, ...], np.dtype]]] | None:
-    """The records' common :meth:`~zephon.records.Record.row_layout`, or None."""
-    first = records[0].row_layout()
-    if first is None:
+def _row_writer(records: list[Any]) -> Any:
+    """The records' common :meth:`~zephon.records.Record.row_writer`, or None."""
+    writer = records[0].row_writer()
+    if writer is None:
         return None
-    for r in records[1:]:
-        if r.row_layout() != first:
+    for r in records:
+        if r.row_writer() is not writer:
             return None
-    return first
+    return writer
 
 
 class _Padding:
@@ -218,7 +216,7 @@ class _Padding:
 
     __slots__ = ("data", "lane")
 
-    def row_layout(self) -> None:
+    def row_writer(self) -> None:
         return None
 
     def __init__(self, data: dict[str, np.ndarray], lane: int) -> None:

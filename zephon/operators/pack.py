@@ -399,14 +399,7 @@ class Pack(LaneStateOperator):
     def _record(self, lane: int, old: list[Piece], new: list[Piece] | None) -> Record:
         """The record of an emptied bin: the pieces it held before this call and ``new``,
         those this call put there; assembled when its data is first read."""
-        held = old + new if new else old
-        contributors = [c for p in held for c in p.contributors]
-        mix: dict[int, int] = {}
-        for p in held:
-            for comp, w in p.component_tokens.items():
-                mix[comp] = mix.get(comp, 0) + w
-
-        return PackedRow(self.rows, held, lane, contributors, mix)
+        return PackedRow(self.rows, old + new if new else old, lane)
 
     def flush(self, reset: bool, lane_id: int) -> Iterable[Output]:
         bins = self._lanes.get(lane_id)

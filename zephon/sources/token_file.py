@@ -134,9 +134,12 @@ class TokenFileSource:
         """Documents at `indices`, in that order (a URL's as concurrent range reads)."""
         files, lo, hi = self._spans(indices)
         los, his = lo.tolist(), hi.tolist()
+        int32 = np.int32
+        if len(self._paths) == 1 and not is_url(self._paths[0]):  # one local file
+            tokens = self._mapped(0)
+            return [{"tokens": tokens[a:b].astype(int32)} for a, b in zip(los, his, strict=True)]
         out: list[dict[str, np.ndarray]] = [{} for _ in los]
         remote: list[int] = []
-        int32 = np.int32
         for f in np.unique(files).tolist() if len(self._paths) > 1 else (0,):
             where = range(len(los)) if len(self._paths) == 1 else np.flatnonzero(files == f)
             if is_url(self._paths[f]):
@@ -233,14 +236,16 @@ class TokenFileSource:
             idx = np.array([check_index("TokenFileSource", i, n) for i in indices], np.int64)
         idx = idx.astype(np.int64, copy=False)
         if len(self._paths) == 1:
-            bounds = self._bounds(0)
+            # A plain ndarray over the mapping: indexing a np.memmap runs its
+            # __array_finalize__ (in Python) for every result.
+            bounds = self._bounds(0).view(np.ndarray)
             return np.zeros(len(idx), np.int64), bounds[idx], bounds[idx + 1]
         files = np.searchsorted(self._file_starts, idx, side="right") - 1
         j = idx - self._file_starts[files]
         lo, hi = np.empty_like(idx), np.empty_like(idx)
         for f in np.unique(files).tolist():
             at = files == f
-            bounds = self._bounds(f)
+            bounds = self._bounds(f).view(np.ndarray)
             lo[at], hi[at] = bounds[j[at]], bounds[j[at] + 1]
         return files, lo, hi
 

@@ -52,14 +52,16 @@ def test_the_c_row_assembly_refuses_what_does_not_fit() -> None:
     out, seg = np.empty((1, 4), np.int32), np.empty((1, 4), np.int32)
     pad = np.int32(0).tobytes()
     with pytest.raises(ValueError, match="part 1 .* does not fit a row of 4 items"):
-        native.assemble_rows([[np.ones(3, np.int32), np.ones(2, np.int32)]], out, pad, seg, None)
+        native.assemble_rows(
+            [[(np.ones(3, np.int32),), (np.ones(2, np.int32),)]], 0, out, pad, seg, None
+        )
     with pytest.raises(ValueError, match="part 0 \\(item size 8"):
-        native.assemble_rows([[np.ones(2, np.int64)]], out, pad, None, None)
+        native.assemble_rows([[(np.ones(2, np.int64),)]], 0, out, pad, None, None)
     with pytest.raises(ValueError, match="pad one item"):
-        native.assemble_rows([[]], out, b"\0", None, None)
+        native.assemble_rows([[]], 0, out, b"\0", None, None)
     with pytest.raises(ValueError, match="seg must be int32"):
-        native.assemble_rows([[]], out, pad, np.empty((1, 3), np.int32), None)
-    native.assemble_rows([[np.arange(1, 3, dtype=np.int32)]], out, pad, seg, None)
+        native.assemble_rows([[]], 0, out, pad, np.empty((1, 3), np.int32), None)
+    native.assemble_rows([[(np.arange(1, 3, dtype=np.int32),)]], 0, out, pad, seg, None)
     assert out.tolist() == [[1, 2, 0, 0]] and seg.tolist() == [[1, 1, 0, 0]]
 
 
@@ -75,15 +77,15 @@ def test_a_batch_of_rows_in_one_call_is_the_rows_one_by_one(rows, extra, with_se
     assert native is not None, "zephon._pack is not built (native tests need it)"
     cap = max(sum(r) for r in rows) + extra or 1
     rng = np.random.default_rng(sum(map(sum, rows)))
-    parts = [[rng.integers(1, 50, n).astype(np.int32) for n in r] for r in rows]
+    parts = [[(rng.integers(1, 50, n).astype(np.int32),) for n in r] for r in rows]
     pad = np.int32(-7).tobytes()
     out = np.empty((len(rows), cap), np.int32)
     seg = np.empty((len(rows), cap), np.int32) if with_seg else None
     pos = np.empty((len(rows), cap), np.int32) if with_seg else None
-    native.assemble_rows(parts, out, pad, seg, pos)
+    native.assemble_rows(parts, 0, out, pad, seg, pos)
     for i, row in enumerate(parts):
         one, s1, p1 = (np.empty((1, cap), np.int32) for _ in range(3))
-        native.assemble_rows([row], one, pad, s1, p1)
+        native.assemble_rows([row], 0, one, pad, s1, p1)
         np.testing.assert_array_equal(out[i], one[0])
         if with_seg:
             np.testing.assert_array_equal(seg[i], s1[0])
@@ -97,12 +99,47 @@ def test_the_batch_row_assembly_refuses_what_does_not_fit() -> None:
     pad = np.int32(0).tobytes()
     out = np.empty((2, 4), np.int32)
     with pytest.raises(ValueError, match="a row per row of rows"):
-        native.assemble_rows([[]], out, pad, None, None)
+        native.assemble_rows([[]], 0, out, pad, None, None)
     with pytest.raises(ValueError, match="a row per row of rows"):
-        native.assemble_rows([[], []], np.empty(8, np.int32), pad, None, None)
+        native.assemble_rows([[], []], 0, np.empty(8, np.int32), pad, None, None)
     with pytest.raises(ValueError, match="seg must be int32 and as long as out"):
-        native.assemble_rows([[], []], out, pad, np.empty((2, 3), np.int32), None)
-    with pytest.raises(TypeError, match="row 1 of rows must be a list"):
-        native.assemble_rows([[], (np.ones(1, np.int32),)], out, pad, None, None)
+        native.assemble_rows([[], []], 0, out, pad, np.empty((2, 3), np.int32), None)
+    with pytest.raises(TypeError, match="row 1 of rows must be a tuple or list of pieces"):
+        native.assemble_rows([[], np.ones(1, np.int32)], 0, out, pad, None, None)
     with pytest.raises(ValueError, match="part 0 .* does not fit a row of 4 items"):
-        native.assemble_rows([[], [np.ones(5, np.int32)]], out, pad, None, None)
+        native.assemble_rows([[], [(np.ones(5, np.int32),)]], 0, out, pad, None, None)
+
+
+class _Lazy:
+    """A piece placed by length: its tokens are made when read."""
+
+    def __getitem__(self, j: int) -> np.ndarray:
+        assert j == 0
+        return np.arange(3, dtype=np.int32)
+
+
+@pytest.mark.native
+def test_row_formats_says_where_c_writes_the_rows() -> None:
+    native = assembly._NATIVE
+    assert native is not None, "zephon._pack is not built (native tests need it)"
+    i32 = assembly._INT32_FORMAT
+    a, b = np.ones(3, np.int32), np.ones(2, np.int64)
+
+    def formats(rows: list, columns: int = 1) -> tuple | None:
+        return native.row_formats(rows, columns, np.ndarray, i32)
+
+    assert formats([[(a,), (a,)], ((a,),)]) == (i32,)
+    assert formats([[(a, b)], [(a, b)]], 2) == (i32, memoryview(b).format)
+    assert formats([[(a,), _Lazy()]]) == (i32,)  # a lazy piece makes int32
+    assert formats([[_Lazy(), (b,)]]) is None  # ... which int64 does not match
+    assert formats([[_Lazy()]], 2) is None  # nor has it a second column
+    assert formats([[(a,)], [(b,)]]) is None  # one dtype across the rows
+    assert formats([[(a,)], []]) is None  # an empty row: numpy pads it
+    assert formats([]) is None
+    assert formats([[(np.ones(6, np.int32)[::2],)]]) is None  # not contiguous
+    assert formats([[(np.ones((2, 2), np.int32),)]]) is None  # not 1-D
+    assert formats([[(memoryview(a),)]]) is None  # not an ndarray
+    assert formats([[(np.ma.masked_array(a),)]]) is None  # nor a subclass
+    assert formats([[(a,)]], 2) is None  # a piece with fewer arrays
+    with pytest.raises(ValueError, match="columns must be at least 1"):
+        formats([[(a,)]], 0)

@@ -314,7 +314,7 @@ def test_restore_never_assembles_the_bins_the_replay_filter_drops(
 def test_rows_written_into_the_batch_equal_rows_assembled_one_by_one(
     monkeypatch: pytest.MonkeyPatch, pack_kw: dict
 ) -> None:
-    """batch writes packed rows straight into its arrays (``row_layout``/``write_rows``);
+    """batch writes packed rows straight into its arrays (``batch_layout``/``write_rows``);
     the same batches as each row assembled on its own and stacked: keys, order, dtypes."""
     from zephon.operators.pack import PackedRow
 
@@ -349,7 +349,7 @@ def test_rows_written_into_the_batch_equal_rows_assembled_one_by_one(
     with build() as p:
         direct = take(p, 25)
     assert written == 25 * 3  # every row of every batch went straight in
-    monkeypatch.setattr(PackedRow, "row_layout", lambda self: None)
+    monkeypatch.setattr(PackedRow, "row_writer", lambda self: None)
     with build() as q:
         one_by_one = take(q, 25)
     assert len(direct) == len(one_by_one) == 25
