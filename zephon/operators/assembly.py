@@ -256,9 +256,9 @@ class RowAssembler:
         layout = self._layout([arrays])
         if layout is None:
             return None
-        row = {name: np.empty((1, self.seq_len), dtype=dtype) for name, dtype in layout}
-        self._write([arrays], row)
-        return {name: a[0] for name, a in row.items()}
+        data = {name: np.empty(self.seq_len, dtype=dtype) for name, dtype in layout}
+        self._write([arrays], {name: a[np.newaxis] for name, a in data.items()})
+        return data
 
     def batch_layout(
         self, records: Sequence[PackedRow]
