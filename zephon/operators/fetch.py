@@ -9,20 +9,7 @@ from zephon.chunks import SamplePointer
 from zephon.operators.base import Operator, OpTraits, Output, PipelineContext
 from zephon.records import Record
 from zephon.sources._fs import reads_remote, thread_io_retries
-
-
-def read_many(dataset: Any, indices: list[int]) -> list[Any]:
-    """``dataset.read(indices)`` when the dataset offers it, else one ``__getitem__`` each."""
-    read = getattr(dataset, "read", None)
-    if read is not None:
-        out = list(read(indices))
-        if len(out) != len(indices):
-            raise ValueError(
-                f"{type(dataset).__name__}.read returned {len(out)} items for "
-                f"{len(indices)} indices; read(indices) must return one item per index"
-            )
-        return out
-    return [dataset[i] for i in indices]
+from zephon.sources.reading import read_many
 
 
 class Fetch(Operator):

@@ -40,6 +40,7 @@ from zephon.errors import LengthIndexError
 from zephon.sources._fs import is_url
 from zephon.sources.identity import array_sample, dataset_identity, short_digest
 from zephon.sources.index_cache import cache_dir
+from zephon.sources.reading import read_many
 
 __all__ = [
     "ComponentLengths",
@@ -437,8 +438,6 @@ def build_length_index(
         OSError: no location can be written (the message names each and why).
     """
     from tqdm import tqdm
-
-    from zephon.operators.fetch import read_many
 
     if path is not None:
         places = [os.fspath(path)]

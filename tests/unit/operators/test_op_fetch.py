@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import zephon as zp
-from zephon.operators.fetch import Fetch, read_many
+from zephon.operators.fetch import Fetch
+from zephon.sources.reading import read_many
 from zephon.testing import assert_resumes_exactly, take
 
 # Calls are logged here, by dataset name, rather than on the instance, so these counts
