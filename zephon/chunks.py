@@ -71,8 +71,8 @@ class WorkChunk:
         return {
             "lane": self.lane,
             "chunk_id": self.chunk_id,
-            "components": self.components.astype("<i4").tobytes(),
-            "indices": self.indices.astype("<i8").tobytes(),
+            "components": self.components.astype("<i4", copy=False).tobytes(),
+            "indices": self.indices.astype("<i8", copy=False).tobytes(),
             "seed": self.seed,
         }
 

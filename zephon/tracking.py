@@ -152,10 +152,23 @@ class LaneTracker:
         #: a delivery that evicts nothing changes only the cursor and the batch count, and
         #: the new state shares them with the last (both are read-only).
         self._chunks: tuple[list[dict[str, Any]], list[int]] | None = None
-        #: ``[op, until, weights]`` entries: an ``ensure_mixture`` (operator ``op``) holds
-        #: ``weights`` for this lane until the flush at chunk ``until`` (after a restore into
-        #: an edited mixture); carried in the state while an in-flight chunk precedes it.
-        self.held: list[list[Any]] = []
+        #: The state but its cursor and batch count, until anything else in it changes
+        #: (with ``_chunks``, when the source moves, or ``done`` or ``held`` is set): a
+        #: delivery makes the new state a copy of it with those two entries.
+        self._base: dict[str, Any] | None = None
+        self._held: list[list[Any]] = []
+
+    @property
+    def held(self) -> list[list[Any]]:
+        """``[op, until, weights]`` entries: an ``ensure_mixture`` (operator ``op``) holds
+        ``weights`` for this lane until the flush at chunk ``until`` (after a restore into
+        an edited mixture); carried in the state while an in-flight chunk precedes it."""
+        return self._held
+
+    @held.setter
+    def held(self, value: list[list[Any]]) -> None:
+        self._held = value
+        self._state = self._base = None
 
     @property
     def done(self) -> bool:
@@ -165,7 +178,7 @@ class LaneTracker:
     @done.setter
     def done(self, value: bool) -> None:
         self._done = value
-        self._state = None
+        self._state = self._base = None
 
     # ----------------------------------------------------------------- handing out
     def pull(self) -> Feed:
@@ -179,7 +192,7 @@ class LaneTracker:
             return items
         if self.exhausted:
             return []
-        self._state = None  # the source moves on
+        self._state = self._base = None  # the source moves on
         chunk = self.source.next_chunk()
         if chunk is None:
             self.exhausted = True
@@ -272,6 +285,16 @@ class LaneTracker:
         read it, never change it in place."""
         if self._state is not None:
             return self._state
+        base = self._base
+        if base is None or self._chunks is None:
+            base = self._base = self._base_state()
+        state = self._state = base.copy()
+        state["cursor"] = None if self.cursor is None else list(self.cursor[1:])
+        state["batches"] = self.batches
+        return state
+
+    def _base_state(self) -> dict[str, Any]:
+        """:meth:`state` with a placeholder cursor and batch count."""
         lo = next(iter(self.inflight), None)
         chunks = self._chunks
         if chunks is None:
@@ -280,20 +303,20 @@ class LaneTracker:
                 [t.to_state() for t in self.inflight.values()],
                 [b for b in self.boundaries if b > floor or (lo is None and b == floor)],
             )
-        self._state = {
+        base = {
             "lane": self.lane,
             "inflight": chunks[0],
             "boundaries": chunks[1],
             "source": self.source.state_dict(),
-            "cursor": None if self.cursor is None else list(self.cursor[1:]),
-            "batches": self.batches,
+            "cursor": None,
+            "batches": 0,
             "done": self.done,
             "next_chunk_id": self.next_chunk_id,
         }
         held = [h for h in self.held if lo is not None and lo < h[1]] if self.held else None
         if held:  # only while a replay would need it; absent otherwise
-            self._state[HELD] = held
-        return self._state
+            base[HELD] = held
+        return base
 
     def load(self, state: dict[str, Any]) -> int:
         """Restore from :meth:`state`; returns how many chunks phase 1 will replay.

@@ -10,6 +10,7 @@ import pytest
 
 from zephon import records, tracking
 from zephon.chunks import WorkChunk
+from zephon.lane_checks import HELD
 from zephon.records import Contributor, FlushSentinel, SampleCursor
 from zephon.tracking import EPOCH, MONOTONE, ChunkTrack, LaneTracker
 
@@ -211,9 +212,13 @@ def _fresh_states(pipe) -> list:
     out = []
     for lane in engine.lanes:
         tracker = engine.trackers[lane]
-        cached, tracker._state, tracker._chunks = (tracker._state, tracker._chunks), None, None
-        out.append(copy.deepcopy(tracker.state()))
-        tracker._state, tracker._chunks = cached
+        cached = (tracker._state, tracker._chunks, tracker._base)
+        tracker._state, tracker._chunks, tracker._base = None, None, None
+        fresh = copy.deepcopy(tracker.state())
+        out.append(fresh)
+        tracker._state, tracker._chunks, tracker._base = cached
+        if cached[0] is not None:  # the same entries in the same order (msgpack keeps it)
+            assert list(cached[0]) == list(fresh)
     return out
 
 
@@ -237,6 +242,23 @@ def test_a_lane_state_is_rebuilt_exactly_when_the_lane_moves(lanes: int, flush: 
                 kept.append((state, copy.deepcopy(state)))
         # What an earlier checkpoint returned never changes as the lanes move on.
         assert all(state == copy_then for state, copy_then in kept)
+
+
+def test_setting_a_lanes_holds_shows_in_its_next_state() -> None:
+    import zephon as zp
+
+    src = zp.StaticMixtureWorkSource([zp.ArraySource(np.arange(200))], seed=0, chunk_size=8)
+    with zp.Pipeline(src, canonical_replicas=1).fetch().batch(3) as pipe:
+        next(pipe)
+        tracker = pipe._engine.trackers[0]
+        with pipe._engine.lock:
+            before = tracker.state()
+            assert HELD not in before
+            lo = next(iter(tracker.inflight))
+            tracker.held = [[0, lo + 1, [1.0]]]
+            assert tracker.state()[HELD] == [[0, lo + 1, [1.0]]]
+            tracker.held = []
+            assert tracker.state() == before and HELD not in tracker.state()
 
 
 @pytest.mark.parametrize("components", [1, 2])

@@ -28,6 +28,7 @@ __all__ = [
     "checked_count",
     "decode_state",
     "pack_carry",
+    "pack_counts",
     "pack_ints",
     "read_state",
     "unpack_carry",
@@ -74,6 +75,21 @@ def pack_ints(values: np.ndarray) -> bytes:
     width = _width(int(values.min()), int(values.max()))
     planes = values.astype(f"<i{width}").view(np.uint8).reshape(-1, width).T
     return bytes([width]) + planes.tobytes()
+
+
+def pack_counts(
+    positions: np.ndarray, tokens: np.ndarray, received: np.ndarray, token_units: bool
+) -> tuple[bytes, bytes, bytes]:
+    """A lane's ``positions``, ``tokens`` and ``received`` entries: :func:`pack_ints` of
+    the positions, of the tokens, and of the samples (or tokens) dealt since the weights
+    last changed (the positions or tokens minus ``received``, the count at that change).
+    For a few components, one conversion to ints and no numpy call per entry."""
+    base = tokens if token_units else positions
+    if positions.size > _FEW:
+        return pack_ints(positions), pack_ints(tokens), pack_ints(base - received)
+    pos, tok, got = positions.tolist(), tokens.tolist(), received.tolist()
+    since = [b - r for b, r in zip(tok if token_units else pos, got, strict=True)]
+    return _pack_int_list(pos), _pack_int_list(tok), _pack_int_list(since)
 
 
 def _pack_int_list(ints: list[int]) -> bytes:

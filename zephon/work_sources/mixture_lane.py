@@ -16,7 +16,7 @@ import numpy as np
 
 from zephon.chunks import WorkChunk
 from zephon.work_sources import interleave as il
-from zephon.work_sources.lane_state import STATE_VERSION, pack_carry, pack_ints, read_state
+from zephon.work_sources.lane_state import STATE_VERSION, pack_carry, pack_counts, read_state
 from zephon.work_sources.lengths import ComponentLengths
 from zephon.work_sources.schedule import Schedule
 
@@ -236,9 +236,6 @@ class MixtureLane:
 
     # ----------------------------------------------------------------------------- state
 
-    def _received_base(self) -> np.ndarray:
-        return self.i64[il.TOK] if self.inputs.token_units else self.i64[il.POS]
-
     def state_dict(self) -> dict[str, Any]:
         """The lane's state (see :mod:`zephon.work_sources.lane_state`). Shared with later
         calls until the lane deals a chunk or is loaded: read it, never change it in
@@ -248,6 +245,10 @@ class MixtureLane:
         return self._state
 
     def _make_state(self) -> dict[str, Any]:
+        i64 = self.i64
+        positions, tokens, received = pack_counts(
+            i64[il.POS], i64[il.TOK], i64[il.RECV], self.inputs.token_units
+        )
         return {
             "version": STATE_VERSION,
             "lane": self.lane,
@@ -256,9 +257,9 @@ class MixtureLane:
             "lane_tokens": self._lane_tokens,
             "schedule_position": self._schedule_position,
             "virtual_time": self._vtime,
-            "positions": pack_ints(self.i64[il.POS]),
-            "tokens": pack_ints(self.i64[il.TOK]),
-            "received": pack_ints(self._received_base() - self.i64[il.RECV]),
+            "positions": positions,
+            "tokens": tokens,
+            "received": received,
             "carry": pack_carry(self.f64[il.CARRY]),
             "stopped": self._stopped,
         }

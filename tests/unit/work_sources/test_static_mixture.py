@@ -22,7 +22,7 @@ from zephon.work_sources import (
     permute,
 )
 from zephon.work_sources.interleave import component_key
-from zephon.work_sources.lane_state import pack_ints, unpack_ints
+from zephon.work_sources.lane_state import pack_counts, pack_ints, unpack_ints
 
 
 def make(lengths, weights=None, **kwargs) -> StaticMixtureWorkSource:
@@ -320,6 +320,21 @@ def test_load_far_position_without_iterating() -> None:
         key = component_key(str(c))
         expected.append(int(permute(np.array([g % n]), n, mix64(seed, key, g // n))[0]))
     assert chunk.indices.tolist() == expected
+
+
+@pytest.mark.parametrize("components", [1, 2, 8, 9, 40])  # ints, then numpy past 8
+@pytest.mark.parametrize("token_units", [False, True])
+def test_a_lanes_packed_counts_are_pack_ints_of_each(components: int, token_units: bool) -> None:
+    rng = np.random.default_rng(components)
+    positions = rng.integers(0, 2**20, components)
+    tokens = positions * rng.integers(1, 3000, components)
+    received = rng.integers(0, 2**20, components) * (2**12 if token_units else 1)
+    base = tokens if token_units else positions
+    assert pack_counts(positions, tokens, received, token_units) == (
+        pack_ints(positions),
+        pack_ints(tokens),
+        pack_ints(base - received),  # negative too: received is above the base here
+    )
 
 
 @pytest.mark.parametrize(
