@@ -15,7 +15,7 @@ from tests.etcd_server import _missing, find_etcd_binary, require_etcd3gw
 
 ROOT = Path(__file__).resolve().parents[2]
 
-pytestmark = [pytest.mark.etcd, pytest.mark.processes]
+pytestmark = [pytest.mark.stores, pytest.mark.etcd, pytest.mark.processes]
 
 
 @pytest.fixture(autouse=True)

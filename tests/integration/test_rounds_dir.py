@@ -15,7 +15,7 @@ import pytest
 from tests.integration._rounds_rank import fake_state, lanes_of, merge, share_of
 
 SCRIPT = Path(__file__).with_name("_rounds_rank.py")
-pytestmark = pytest.mark.processes
+pytestmark = [pytest.mark.stores, pytest.mark.processes]
 
 
 def run_job(

@@ -16,7 +16,7 @@ import pytest
 from tests.etcd_server import etcd_server
 from zephon.errors import AggregationError
 
-pytestmark = pytest.mark.etcd
+pytestmark = [pytest.mark.stores, pytest.mark.etcd]
 
 
 @pytest.fixture(scope="module")

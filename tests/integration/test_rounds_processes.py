@@ -17,7 +17,7 @@ import pytest
 
 from tests.etcd_server import etcd_server
 
-pytestmark = pytest.mark.processes
+pytestmark = [pytest.mark.stores, pytest.mark.processes]
 
 RANK = Path(__file__).parent / "_store_rounds_rank.py"
 WORLD = 3

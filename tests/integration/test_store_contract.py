@@ -27,6 +27,8 @@ from tests.integration._store_contract import (
 from zephon.checkpoint.stores.base import StaleRoundError
 from zephon.errors import AggregationError
 
+pytestmark = pytest.mark.stores
+
 HERE = Path(__file__).parent
 
 

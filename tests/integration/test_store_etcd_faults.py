@@ -12,7 +12,7 @@ import pytest
 from tests.etcd_server import etcd_server, free_port, require_etcd3gw
 from zephon.errors import AggregationError
 
-pytestmark = pytest.mark.etcd
+pytestmark = [pytest.mark.stores, pytest.mark.etcd]
 
 TIMEOUT_S = 0.5
 

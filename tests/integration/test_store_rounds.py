@@ -17,7 +17,7 @@ import pytest
 from tests.etcd_server import etcd_server
 from zephon.errors import AggregationError
 
-pytestmark = [pytest.mark.etcd, pytest.mark.processes]
+pytestmark = [pytest.mark.stores, pytest.mark.etcd, pytest.mark.processes]
 
 HERE = Path(__file__).parent
 WORLD_SIZE = 4

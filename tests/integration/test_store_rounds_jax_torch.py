@@ -15,7 +15,7 @@ import pytest
 from tests.etcd_server import free_port
 
 RANK = Path(__file__).parent / "_store_rounds_rank.py"
-pytestmark = pytest.mark.processes
+pytestmark = [pytest.mark.stores, pytest.mark.processes]
 
 
 def run_ranks(url: str, world: int, env_for) -> list[list[dict]]:

@@ -18,7 +18,7 @@ import pytest
 
 from zephon.errors import AggregationError
 
-pytestmark = pytest.mark.processes
+pytestmark = [pytest.mark.stores, pytest.mark.processes]
 
 HERE = Path(__file__).parent
 TIMEOUT_S = 0.5
