@@ -326,6 +326,7 @@ class LaneTracker:
                 type or out of range, chunks, boundaries or cursor inconsistent with each
                 other or with the work source); the message starts with the lane.
         """
+        self._state = self._base = None  # (a load that fails may have moved the source)
         try:
             return self._load(state)
         except CheckpointError as e:
