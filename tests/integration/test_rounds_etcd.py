@@ -271,8 +271,8 @@ def test_etcd_history_is_compacted_after_each_round(etcd):
 
 
 def test_with_a_blob_location_states_never_enter_etcd(etcd, tmp_path):
-    """``etcd://...?blobs=DIR``: the states and the acks go to the directory; etcd sees
-    only the coordination keys, and followers send etcd nothing."""
+    """``etcd://...?blobs=DIR``: the states (and their deletions, the acks) go to the
+    directory; etcd sees only the coordination keys, and followers send etcd nothing."""
     from zephon.checkpoint.aggregate import Aggregator
     from zephon.checkpoint.stores import open_store
 
@@ -305,8 +305,7 @@ def test_with_a_blob_location_states_never_enter_etcd(etcd, tmp_path):
             assert all(
                 out[r]["lanes"] == [{"lane": r, "step": step, "mark": ""}] for r in range(1, n)
             )
-        # While round 2 merges: round 1's states (kept for its shares) and round 2's.
-        assert len([k for k in seen["blobs"] if ".s." in k]) == n + n - 1, seen
+        assert len([k for k in seen["blobs"] if ".s." in k]) == n - 1, seen
         assert not [k for k in seen["etcd"] if ".s." in k], seen
         for a in aggs[1:]:
             assert a.last_round.requests == 2  # its state, its ack: both in the directory
