@@ -84,8 +84,8 @@ def pack_counts(
     the positions, of the tokens, and of the samples (or tokens) dealt since the weights
     last changed (the positions or tokens minus ``received``, the count at that change).
     For a few components, one conversion to ints and no numpy call per entry."""
-    base = tokens if token_units else positions
     if positions.size > _FEW:
+        base = tokens if token_units else positions
         return pack_ints(positions), pack_ints(tokens), pack_ints(base - received)
     pos, tok, got = positions.tolist(), tokens.tolist(), received.tolist()
     since = [b - r for b, r in zip(tok if token_units else pos, got, strict=True)]

@@ -333,7 +333,7 @@ def test_a_lanes_packed_counts_are_pack_ints_of_each(components: int, token_unit
     assert pack_counts(positions, tokens, received, token_units) == (
         pack_ints(positions),
         pack_ints(tokens),
-        pack_ints(base - received),  # negative too: received is above the base here
+        pack_ints(base - received),  # negative where received is above the base
     )
 
 
