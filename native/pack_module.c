@@ -28,6 +28,11 @@
  * (exactly ndarray) of one format (a piece that is not a tuple counts as lazy's format for
  * column 0 and for no other); else None. What batch asks before it allocates the rows.
  *
+ * row_parts(pieces): what a packed row keeps of its pieces (PackedRow in
+ * zephon/operators/assembly.py does the same in Python): their contributors one after
+ * another, their per-component token counts summed, and their arrays, lengths and counts as
+ * tuples.
+ *
  * What a bin holds from one emptying to the next is an instance, numbered s * num_bins + b
  * for the s-th filling of bin b in this call (s = 0: what it held when the call began).
  * instance[k] (int64) is the one piece k goes to (its first tokens, when it is cut; the
@@ -483,10 +488,83 @@ none:
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(row_parts_doc,
+             "row_parts(pieces, /) -> (contributors, mix, arrays, lengths, mixes)\n\n"
+             "pieces is a list of pieces, each a tuple (contributors, mix, arrays, length) whose\n"
+             "contributors is a tuple or list and mix a dict of component -> tokens. Returns\n"
+             "every piece's contributors in one list, in order; the mixes summed per component\n"
+             "(a new dict, components in the order first seen); and the pieces' arrays, lengths\n"
+             "and mixes as three tuples (PackedRow's columns).");
+
+static PyObject *py_row_parts(PyObject *Py_UNUSED(self), PyObject *pieces) {
+    if (!PyList_Check(pieces)) {
+        PyErr_SetString(PyExc_TypeError, "row_parts takes a list of pieces");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(pieces);
+    PyObject *contributors = PyList_New(0), *mix = PyDict_New();
+    PyObject *arrays = PyTuple_New(n), *lengths = PyTuple_New(n), *mixes = PyTuple_New(n);
+    if (!contributors || !mix || !arrays || !lengths || !mixes) {
+        goto fail;
+    }
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *piece = PyList_GET_ITEM(pieces, k);
+        if (!PyTuple_Check(piece) || PyTuple_GET_SIZE(piece) != 4) {
+            PyErr_Format(PyExc_TypeError, "piece %zd must be a Piece (a tuple of 4)", k);
+            goto fail;
+        }
+        PyObject *contribs = PyTuple_GET_ITEM(piece, 0), *m = PyTuple_GET_ITEM(piece, 1);
+        if (!PyTuple_Check(contribs) && !PyList_Check(contribs)) {
+            PyErr_Format(PyExc_TypeError, "piece %zd's contributors must be a tuple or list", k);
+            goto fail;
+        }
+        if (!PyDict_Check(m)) {
+            PyErr_Format(PyExc_TypeError, "piece %zd's component tokens must be a dict", k);
+            goto fail;
+        }
+        Py_ssize_t c = PySequence_Fast_GET_SIZE(contribs);
+        PyObject **items = PySequence_Fast_ITEMS(contribs);
+        for (Py_ssize_t i = 0; i < c; i++) {
+            if (PyList_Append(contributors, items[i]) < 0) {
+                goto fail;
+            }
+        }
+        Py_ssize_t pos = 0;
+        PyObject *comp, *tokens;
+        while (PyDict_Next(m, &pos, &comp, &tokens)) {
+            PyObject *seen = PyDict_GetItemWithError(mix, comp);  /* borrowed */
+            if (seen == NULL && PyErr_Occurred()) {
+                goto fail;
+            }
+            PyObject *sum = seen == NULL ? Py_NewRef(tokens) : PyNumber_Add(seen, tokens);
+            if (sum == NULL) {
+                goto fail;
+            }
+            int bad = PyDict_SetItem(mix, comp, sum);
+            Py_DECREF(sum);
+            if (bad < 0) {
+                goto fail;
+            }
+        }
+        PyTuple_SET_ITEM(arrays, k, Py_NewRef(PyTuple_GET_ITEM(piece, 2)));
+        PyTuple_SET_ITEM(lengths, k, Py_NewRef(PyTuple_GET_ITEM(piece, 3)));
+        PyTuple_SET_ITEM(mixes, k, Py_NewRef(m));
+    }
+    return Py_BuildValue("(NNNNN)", contributors, mix, arrays, lengths, mixes);
+fail:
+    Py_XDECREF(contributors);
+    Py_XDECREF(mix);
+    Py_XDECREF(arrays);
+    Py_XDECREF(lengths);
+    Py_XDECREF(mixes);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"place_into", py_place_into, METH_VARARGS, place_into_doc},
     {"assemble_rows", py_assemble_rows, METH_VARARGS, assemble_rows_doc},
     {"row_formats", py_row_formats, METH_VARARGS, row_formats_doc},
+    {"row_parts", py_row_parts, METH_O, row_parts_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -74,12 +74,9 @@ class PackedRow(LazyRecord):
     ) -> None:
         # One transposition: the pieces' columns as tuples (once the collector has seen one
         # holding only untracked things, ints or tuples of arrays, it stops tracking it).
-        contribs, mixes, arrays, lengths = zip(*pieces, strict=True) if pieces else ((),) * 4
-        contributors = list(chain.from_iterable(contribs))
-        mix: dict[int, int] = {}
-        for m in mixes:
-            for comp, w in m.items():
-                mix[comp] = mix.get(comp, 0) + w
+        contributors, mix, arrays, lengths, mixes = (
+            _NATIVE.row_parts(pieces) if _NATIVE is not None else row_parts(pieces)
+        )
         super().__init__(_unbuilt, lane, contributors, mix)
         self._rows = rows
         self._arrays = arrays
@@ -331,6 +328,20 @@ class RowAssembler:
             self._check_pad(column, name, pad, dtype)
             item = self._pad_items[key] = np.array(pad, dtype=dtype).tobytes()
         return item
+
+
+def row_parts(
+    pieces: list[Piece],
+) -> tuple[list[Contributor], dict[int, int], tuple[Any, ...], tuple[int, ...], tuple[Any, ...]]:
+    """What a :class:`PackedRow` keeps of ``pieces``: their contributors one after another,
+    their per-component token counts summed, and their arrays, lengths and counts as
+    tuples (``zephon._pack.row_parts`` is the same in C)."""
+    contribs, mixes, arrays, lengths = zip(*pieces, strict=True) if pieces else ((),) * 4
+    mix: dict[int, int] = {}
+    for m in mixes:
+        for comp, w in m.items():
+            mix[comp] = mix.get(comp, 0) + w
+    return list(chain.from_iterable(contribs)), mix, arrays, lengths, mixes
 
 
 def columns(pieces: list[Piece]) -> tuple[list[Any], list[int], list[dict[int, int]]]:

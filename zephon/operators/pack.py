@@ -473,15 +473,15 @@ def _compact(held: list[list[Piece]]) -> None:
     buffer (a tokenizer may encode a whole chunk into one buffer): a piece waiting in a bin
     must not keep the rest of that buffer alive. A process owning thousands of lanes holds
     one set of bins per lane. Lazy arrays (not made yet) hold no buffer."""
+    ndarray = np.ndarray
     for pieces in held:
         for k, p in enumerate(pieces):
             arrays = p.arrays
             if type(arrays) is not tuple:
                 continue
-            if any(
-                type(a) is np.ndarray and a.base is not None and a.base.nbytes > 2 * a.nbytes
-                for a in arrays
-            ):
-                pieces[k] = p._replace(
-                    arrays=tuple(a.copy() if type(a) is np.ndarray else a for a in arrays)
-                )
+            for a in arrays:  # (a loop, not any(): this runs for every piece that waits)
+                if type(a) is ndarray and a.base is not None and a.base.nbytes > 2 * a.nbytes:
+                    pieces[k] = p._replace(
+                        arrays=tuple(a.copy() if type(a) is ndarray else a for a in arrays)
+                    )
+                    break

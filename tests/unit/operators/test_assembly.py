@@ -143,3 +143,48 @@ def test_row_formats_says_where_c_writes_the_rows() -> None:
     assert formats([[(a,)]], 2) is None  # a piece with fewer arrays
     with pytest.raises(ValueError, match="columns must be at least 1"):
         formats([[(a,)]], 0)
+
+
+@pytest.mark.native
+@settings(max_examples=150, deadline=None)
+@given(
+    rows=st.lists(
+        st.tuples(
+            st.lists(st.tuples(st.integers(0, 3), st.integers(0, 9)), max_size=3),
+            st.dictionaries(st.integers(0, 4), st.integers(0, 2**40), max_size=3),
+            st.integers(0, 50),
+        ),
+        max_size=6,
+    ),
+    as_list=st.booleans(),
+)
+def test_a_rows_parts_in_c_are_the_python_ones(rows, as_list) -> None:
+    assert assembly._NATIVE is not None, "zephon._pack is not built (native tests need it)"
+    pieces = []
+    for k, (contribs, mix, n) in enumerate(rows):
+        made = [Contributor(c, off, 0, True) for c, off in contribs]
+        arrays = (np.arange(n, dtype=np.int32),)
+        pieces.append(Piece(made if as_list else tuple(made), mix, arrays, n + k))
+    fast = assembly._NATIVE.row_parts(pieces)
+    slow = assembly.row_parts(pieces)
+    assert fast[0] == slow[0] and type(fast[0]) is list
+    assert fast[1] == slow[1] and list(fast[1]) == list(slow[1])  # same order too
+    for got, want in zip(fast[2:], slow[2:], strict=True):
+        assert type(got) is tuple and len(got) == len(want)
+        assert all(a is b for a, b in zip(got, want, strict=True))  # the pieces' own objects
+
+
+@pytest.mark.native
+def test_the_c_row_parts_refuses_what_is_not_a_piece() -> None:
+    native = assembly._NATIVE
+    assert native is not None, "zephon._pack is not built (native tests need it)"
+    good = Piece((Contributor(0, 0, 0, True),), {0: 2}, (np.zeros(2, np.int32),), 2)
+    with pytest.raises(TypeError, match="list of pieces"):
+        native.row_parts((good,))
+    with pytest.raises(TypeError, match="piece 1 must be a Piece"):
+        native.row_parts([good, (1, 2)])
+    with pytest.raises(TypeError, match="piece 0's contributors"):
+        native.row_parts([good._replace(contributors=iter(()))])
+    with pytest.raises(TypeError, match="piece 0's component tokens"):
+        native.row_parts([good._replace(component_tokens=[(0, 2)])])
+    assert native.row_parts([]) == ([], {}, (), (), ())
