@@ -1,7 +1,8 @@
 """Builds the native parts (native/): the shared-memory ring as ``zephon._ring``, the work
 sources' Feistel permutation as ``zephon._permute``, pack's placement as ``zephon._pack``, the
-tracker's count of delivered pieces as ``zephon._track`` and the structural check of decoded
-checkpoint states as ``zephon._state``.
+tracker's count of delivered pieces as ``zephon._track``, the structural check of decoded
+checkpoint states as ``zephon._state`` and a token file's documents copied out as
+``zephon._tokens``.
 
 Everything else about the package lives in pyproject.toml.
 """
@@ -34,6 +35,11 @@ setup(
         Extension(
             "zephon._permute",
             sources=["native/permute_module.c"],
+            extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Werror"],
+        ),
+        Extension(
+            "zephon._tokens",
+            sources=["native/tokens_module.c"],
             extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Werror"],
         ),
     ]

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 from collections.abc import Sequence
 from typing import Any, Literal
 
 import numpy as np
 
+from zephon._native import load
 from zephon.sources._fs import (
     DEFAULT_TIMEOUT_S,
     PathArg,
@@ -27,6 +29,9 @@ from zephon.sources.index_cache import FileIndexes, FileReader
 _DTYPES: dict[str, np.dtype[Any]] = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
 # Tokens compared per step when splitting at EOS: bounds the temporary bool array.
 _SCAN_TOKENS = 1 << 24
+# A read's documents copied out of a mapped file in one C call (the files are
+# little-endian: the mapping is read as it is only on a little-endian host).
+_NATIVE = load("_tokens") if sys.byteorder == "little" else None
 
 
 class TokenFileSource:
@@ -136,8 +141,7 @@ class TokenFileSource:
         los, his = lo.tolist(), hi.tolist()
         int32 = np.int32
         if len(self._paths) == 1 and not is_url(self._paths[0]):  # one local file
-            tokens = self._mapped(0)
-            return [{"tokens": tokens[a:b].astype(int32)} for a, b in zip(los, his, strict=True)]
+            return [{"tokens": t} for t in self._copied(0, los, his)]
         out: list[dict[str, np.ndarray]] = [{} for _ in los]
         remote: list[int] = []
         for f in np.unique(files).tolist() if len(self._paths) > 1 else (0,):
@@ -145,9 +149,10 @@ class TokenFileSource:
             if is_url(self._paths[f]):
                 remote.extend(where)
                 continue
-            tokens = self._mapped(f)
-            for k in where:
-                out[k] = {"tokens": tokens[los[k] : his[k]].astype(int32)}
+            where = list(where)
+            got = self._copied(f, [los[k] for k in where], [his[k] for k in where])
+            for k, t in zip(where, got, strict=True):
+                out[k] = {"tokens": t}
         if remote:
             remote.sort()
             size = self._dtype.itemsize
@@ -248,6 +253,18 @@ class TokenFileSource:
             bounds = self._bounds(f).view(np.ndarray)
             lo[at], hi[at] = bounds[j[at]], bounds[j[at] + 1]
         return files, lo, hi
+
+    def _copied(self, f: int, los: list[int], his: list[int]) -> list[np.ndarray]:
+        """Tokens ``los[k]:his[k]`` of local file ``f``, each its own int32 array (a
+        document must not keep the others of its read alive). In one C call where
+        ``zephon._tokens`` is built: a numpy conversion per document costs twice as much."""
+        tokens = self._mapped(f)
+        if _NATIVE is None:
+            return [tokens[a:b].astype(np.int32) for a, b in zip(los, his, strict=True)]
+        empty, int32 = np.empty, np.int32
+        out = [empty(b - a, int32) for a, b in zip(los, his, strict=True)]
+        _NATIVE.gather_into(tokens, tokens.itemsize, los, his, out)
+        return out
 
     def _mapped(self, f: int) -> np.ndarray:
         tokens = self._tokens[f]

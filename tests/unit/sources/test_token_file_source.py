@@ -142,3 +142,51 @@ def test_read_across_files_keeps_the_order_asked(tmp_path):
         [2, 0],
         [5, 0],
     ]
+
+
+@pytest.mark.native
+@pytest.mark.parametrize("dtype", ["uint16", "uint32"])
+def test_documents_copied_in_c_are_numpys(tmp_path, dtype):
+    from zephon.sources import token_file
+
+    native = token_file._NATIVE
+    assert native is not None, "zephon._tokens is not built (native tests need it)"
+    rng = np.random.default_rng(3)
+    top = np.iinfo(dtype).max
+    tokens = rng.integers(1, top, 5_000, dtype=np.uint64, endpoint=True).astype(dtype)
+    tokens[[0, 1, 2]] = [top, 2**15, 1]  # past int32 (uint32) and int16 (uint16) limits
+    tokens[rng.choice(5_000, 200, replace=False)] = 0
+    ds = TokenFileSource(write_tokens(tmp_path / "t.bin", tokens, dtype), dtype, eos_id=0)
+    order = rng.permutation(len(ds)).tolist() + [0, 0]
+    mapped = np.fromfile(tmp_path / "t.bin", dtype)
+    bounds = ds.token_offsets()
+    got = ds.read(order)
+    for k, d in zip(order, got, strict=True):
+        want = mapped[bounds[k] : bounds[k + 1]].astype(np.int32)
+        assert d["tokens"].dtype == np.int32 and d["tokens"].base is None
+        np.testing.assert_array_equal(d["tokens"], want)
+
+
+@pytest.mark.native
+def test_the_c_copy_refuses_what_does_not_fit():
+    from zephon.sources import token_file
+
+    native = token_file._NATIVE
+    assert native is not None, "zephon._tokens is not built (native tests need it)"
+    src = np.arange(10, dtype=np.uint16)
+    out = [np.empty(3, np.int32)]
+    with pytest.raises(ValueError, match="itemsize must be 2 or 4; got 8"):
+        native.gather_into(src, 8, [0], [3], out)
+    with pytest.raises(ValueError, match="one length"):
+        native.gather_into(src, 2, [0, 1], [3], out)
+    with pytest.raises(ValueError, match=r"span 0 \(8:11\) is not inside the 10 tokens"):
+        native.gather_into(src, 2, [8], [11], out)
+    with pytest.raises(ValueError, match=r"span 0 \(3:2\)"):
+        native.gather_into(src, 2, [3], [2], out)
+    with pytest.raises(ValueError, match=r"outs\[0\] must be int32 of 4 items"):
+        native.gather_into(src, 2, [0], [4], out)
+    with pytest.raises(ValueError, match=r"outs\[1\] must be int32"):
+        native.gather_into(src, 2, [0, 0], [3, 3], [out[0], np.empty(3, np.int64)])
+    native.gather_into(src, 2, [2], [5], out)
+    assert out[0].tolist() == [2, 3, 4]
+    native.gather_into(src, 2, [], [], [])
