@@ -145,11 +145,14 @@ class TokenFileSource:
         out: list[dict[str, np.ndarray]] = [{} for _ in los]
         remote: list[int] = []
         for f in np.unique(files).tolist() if len(self._paths) > 1 else (0,):
-            where = range(len(los)) if len(self._paths) == 1 else np.flatnonzero(files == f)
+            where: list[int] = (
+                list(range(len(los)))
+                if len(self._paths) == 1
+                else np.flatnonzero(files == f).tolist()
+            )
             if is_url(self._paths[f]):
                 remote.extend(where)
                 continue
-            where = list(where)
             got = self._copied(f, [los[k] for k in where], [his[k] for k in where])
             for k, t in zip(where, got, strict=True):
                 out[k] = {"tokens": t}
