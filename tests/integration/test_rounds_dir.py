@@ -67,7 +67,13 @@ def run_job(
 
 
 def namespace_files(root: Path) -> list[str]:
-    return sorted(os.listdir(root / "zephon"))
+    """Every file under the store's namespace, named as its key (``g~/f`` is key ``g.f``)."""
+    base = root / "zephon"
+    return sorted(
+        os.path.relpath(os.path.join(d, f), base).replace("~/", ".")
+        for d, _, files in os.walk(base)
+        for f in files
+    )
 
 
 def check_round(reports: list[dict], n: int, step: int) -> None:

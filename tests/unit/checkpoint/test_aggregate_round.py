@@ -114,11 +114,22 @@ class Roots:
         return s
 
     def files(self, root: str) -> list[str]:
+        """Every file the store holds, named as its key (``g~/f`` is key ``g.f``), temp
+        files and stray commit markers too."""
         if self.kind == "local":
-            return sorted(os.listdir(os.path.join(root, "job")))
-        fs = fsspec.filesystem("memory")
-        base = root.removeprefix("memory://") + "/job"
-        names = {p.rsplit("/", 1)[1] for p in fs.find(base)}
+            base = os.path.join(root, "job")
+            paths = [
+                os.path.relpath(os.path.join(d, f), base)
+                for d, _, files in os.walk(base)
+                for f in files
+            ]
+        else:
+            fs = fsspec.filesystem("memory")
+            base = root.removeprefix("memory://") + "/job"
+            paths = [p.lstrip("/").removeprefix(base.lstrip("/") + "/") for p in fs.find(base)]
+        names = {p.replace("~/", ".") for p in paths}
+        if self.kind == "local":
+            return sorted(names)
         # A key is its data object plus its commit marker; list keys (and stray markers).
         return sorted(x for x in names if not (x.endswith(".commit") and x[:-7] in names))
 

@@ -256,3 +256,89 @@ def test_counters_count_requests_and_bytes(store):
     assert after["requests"] - before["requests"] == 2
     assert after["bytes_written"] - before["bytes_written"] == 5
     assert after["bytes_read"] - before["bytes_read"] >= 5
+
+
+def test_a_key_with_dots_is_a_file_in_its_groups_subdirectory(tmp_path):
+    s = DirectoryStore(tmp_path, "ns")
+    s.put("j1.p2.s.r7.12", b"x")
+    s.put("j1.p2.s.r7.13", b"y")
+    assert (tmp_path / "ns" / "j1.p2.s.r7~" / "12").read_bytes() == b"x"
+    assert s.create("j1.p2.c.d.r7", b"commit") is None
+    assert (tmp_path / "ns" / "j1.p2.c.d~" / "r7").read_bytes() == b"commit"
+    s.put("trailing.", b"z")  # nothing after its last dot: a file of the namespace
+    assert (tmp_path / "ns" / "trailing.").read_bytes() == b"z"
+    s.delete("j1.p2.s.r7.12")
+    assert os.listdir(tmp_path / "ns" / "j1.p2.s.r7~") == ["13"]
+    s.delete_prefix("j1.p2.")
+    assert sorted(os.listdir(tmp_path / "ns")) == ["trailing."], "empty subdirectories go"
+
+
+KEYS = [
+    "p", "p.", "p.s", "p.s.1", "p.s.12", "p.s.2", "p.s.2.x", "p.s.2.xy", "p.sx.1",
+    "p.c.x", "p.c.d.r1", "p-m.r1", "q.s.1", "q", "root", "ps.1",
+]  # fmt: skip
+
+
+def test_listing_finds_exactly_the_keys_under_any_prefix(store):
+    for k in KEYS:
+        store.put(k, k.encode())
+    prefixes = {k[:i] for k in KEYS for i in range(len(k) + 1)} | {"p.s.3", "z", "p.c.d."}
+    for prefix in sorted(prefixes):
+        assert store.list_keys(prefix) == sorted(k for k in KEYS if k.startswith(prefix)), prefix
+    store.delete_prefix("p.s.")
+    assert store.list_keys("p.s") == ["p.s", "p.sx.1"]
+
+
+def test_a_listing_reads_only_the_subdirectories_that_can_match(store):
+    for r in range(50):
+        for rank in range(4):
+            store.put(f"j.p.s.r{r}.{rank}", b"v")
+    before = store.counters.snapshot()["requests"]
+    assert store.list_keys("j.p.s.r7.") == [f"j.p.s.r7.{rank}" for rank in range(4)]
+    assert store.counters.snapshot()["requests"] - before == 2  # the namespace, r7's group
+
+
+def test_files_of_the_flat_layout_are_not_keys(tmp_path):
+    """A namespace an earlier version wrote (every key a file of it) reads as empty."""
+    (tmp_path / "ns").mkdir()
+    (tmp_path / "ns" / "j1.p2.c.gen").write_bytes(b"old")
+    s = DirectoryStore(tmp_path, "ns")
+    assert s.list_keys("j1.") == [] and s.get("j1.p2.c.gen") is None
+
+
+def test_writes_racing_the_removal_of_their_empty_subdirectory(store):
+    """One thread keeps emptying a group (its subdirectory goes each time) while others
+    put and create in it: no write fails and every value written reads back."""
+    import threading
+
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def churn() -> None:
+        while not stop.is_set():
+            store.put("g.churn", b"c")
+            store.delete("g.churn")
+
+    def writer(i: int) -> None:
+        try:
+            for n in range(150):
+                key = f"g.w{i}"
+                store.put(key, b"%d" % n)
+                assert store.get(key) == b"%d" % n
+                store.delete(key)
+                assert store.create(key, b"c%d" % n) is None
+                store.delete(key)
+        except BaseException as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    churner = threading.Thread(target=churn)
+    churner.start()
+    writers = [threading.Thread(target=writer, args=(i,)) for i in range(3)]
+    for t in writers:
+        t.start()
+    for t in writers:
+        t.join()
+    stop.set()
+    churner.join()
+    assert errors == []
+    assert store.list_keys("g.") == []

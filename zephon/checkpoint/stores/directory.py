@@ -1,6 +1,15 @@
 """A :class:`~zephon.checkpoint.stores.base.Store` over a shared directory or an fsspec URL.
 
-Every key is one file under ``root/namespace``. Two ways to make a put atomic:
+Every key is one file under ``root/namespace``, in a subdirectory named by the key up to
+its last dot: ``j1.p2.s.r7.12`` is the file ``12`` in ``j1.p2.s.r7~`` (the ``~``, which no
+key holds, tells a subdirectory from a key's file). A key without a dot inside it is a file
+of the namespace itself. So listing a prefix reads the namespace's few subdirectories and
+the ones that match, not every key of every round kept there: the leader of a 1,024-rank
+round polls one subdirectory of its round's states, however many records of the previous
+round wait beside it. A subdirectory left empty is removed (a writer that loses that race
+to the removal makes it again).
+
+Two ways to make a put atomic:
 
 * a local (or network-mounted) path: a temp file in the same directory, then a rename, so
   a reader sees the old value or the new one, never a prefix (``fsync=True`` adds the
@@ -42,7 +51,7 @@ import threading
 import time
 from typing import Any
 
-from zephon.checkpoint.atomic import atomic_write_bytes, temp_path
+from zephon.checkpoint.atomic import atomic_write_bytes, fsync_dir, temp_path
 from zephon.checkpoint.stores.base import KeyHeldError, StaleRoundError, StoreCounters
 from zephon.errors import AggregationError
 
@@ -54,8 +63,10 @@ log = logging.getLogger(__name__)
 # nothing ending in the commit marker's suffix.
 _KEY = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,199}")
 _COMMIT = ".commit"
+_BUCKET = "~"  # ends the name of a key group's subdirectory (no key holds it)
 _LEASE_MAGIC = b"ZLEASE01"
 _LEASE_HEADER = struct.Struct("<8sd")  # magic, expiry (unix seconds; inf = never)
+_MAKE_TRIES = 10  # a write whose subdirectory keeps being removed under it gives up then
 _CREATE_SETTLE_S = 1.0  # fsspec: how long a loser waits for the winner's data to land
 
 
@@ -225,25 +236,55 @@ class DirectoryStore:
         self._unlink(key)
 
     def list_keys(self, prefix: str) -> list[str]:
-        """The keys that start with ``prefix`` (committed ones, over fsspec), sorted."""
+        """The keys that start with ``prefix`` (committed ones, over fsspec), sorted.
+
+        Reads the namespace's entries and the subdirectories whose keys can match."""
+        keys: list[str] = []
+        for name, is_bucket in self._entries(self._base):
+            if not is_bucket:
+                if name.startswith(prefix) and _split(name)[0] is None:
+                    keys.append(name)
+                continue
+            head = name[: -len(_BUCKET)] + "."
+            if len(prefix) <= len(head):
+                if not head.startswith(prefix):
+                    continue
+                rest = ""
+            elif prefix.startswith(head):
+                rest = prefix[len(head) :]
+            else:
+                continue
+            keys.extend(
+                head + file
+                for file, sub in self._entries(self._join(self._base, name))
+                if not sub and file.startswith(rest)
+            )
+        return sorted(keys)
+
+    def _entries(self, path: str) -> list[tuple[str, bool]]:
+        """(name, is a key group's subdirectory) of each committed entry of ``path``."""
         self.counters.add(requests=1)
         if self._fs is None:
             try:
-                with os.scandir(self._base) as it:
-                    names = [e.name for e in it if e.name.startswith(prefix)]
+                with os.scandir(path) as it:
+                    names = [e.name for e in it]
             except FileNotFoundError:
                 return []
-            return sorted(n for n in names if _KEY.fullmatch(n))
+            return [
+                (n, n.endswith(_BUCKET)) for n in names if _KEY.fullmatch(n.removesuffix(_BUCKET))
+            ]
         try:
-            paths = self._fs.ls(self._base, detail=False)
+            # refresh: a cached listing (s3fs keeps one) would hide other ranks' writes
+            paths = self._fs.ls(path, detail=False, refresh=True)
         except FileNotFoundError:
             return []
         found = {p.rstrip("/").rsplit("/", 1)[-1] for p in paths}
-        return sorted(
-            n
+        return [
+            (n, n.endswith(_BUCKET))
             for n in found
-            if n.startswith(prefix) and not n.endswith(_COMMIT) and n + _COMMIT in found
-        )
+            if _KEY.fullmatch(n.removesuffix(_BUCKET))
+            and (n.endswith(_BUCKET) or (not n.endswith(_COMMIT) and n + _COMMIT in found))
+        ]
 
     def delete_prefix(self, prefix: str) -> None:
         """Remove every key that starts with ``prefix``."""
@@ -319,34 +360,71 @@ class DirectoryStore:
                 " announced again (or removed) since this round announced it"
             )
 
+    def _join(self, *parts: str) -> str:
+        return os.path.join(*parts) if self._fs is None else "/".join(parts)
+
+    def _bucket(self, key: str) -> str | None:
+        """The subdirectory that holds ``key`` (None: the namespace itself)."""
+        group, _ = _split(key)
+        return None if group is None else self._join(self._base, group + _BUCKET)
+
     def _path(self, key: str) -> str:
-        if self._fs is None:
-            return os.path.join(self._base, key)
-        return f"{self._base}/{key}"
+        group, file = _split(key)
+        if group is None:
+            return self._join(self._base, key)
+        return self._join(self._base, group + _BUCKET, file)
+
+    def _local(self, key: str, write: Any) -> Any:
+        """``write(path)`` for a local key; where its subdirectory is missing (the first key
+        of its group, or another rank removed it empty in between), make it and again."""
+        path = self._path(key)
+        bucket = self._bucket(key)
+        for _ in range(_MAKE_TRIES):
+            try:
+                return write(path)
+            except FileNotFoundError:
+                if bucket is None:
+                    raise
+            self.counters.add(requests=1)
+            try:
+                os.mkdir(bucket)
+            except FileExistsError:
+                pass  # another writer made it (and one may remove it again: the next try tells)
+            except FileNotFoundError:
+                os.makedirs(bucket, exist_ok=True)  # the namespace was removed too
+            if self._fsync:
+                fsync_dir(self._base)
+        return write(path)
 
     def _write(self, key: str, data: bytes) -> None:
-        path = self._path(key)
         self.counters.add(requests=1, written=len(data))
         if self._fs is None:
-            if self._fsync:
-                atomic_write_bytes(path, data)
-            else:
-                tmp = temp_path(path)
-                try:
-                    with open(tmp, "xb") as f:
-                        f.write(data)
-                    os.replace(tmp, path)
-                except BaseException:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(tmp)
-                    raise
+            self._local(key, lambda path: self._replace(path, data))
             return
+        path = self._path(key)
         self._fs.pipe_file(path, data)
         self._fs.pipe_file(path + _COMMIT, _marker(data))
 
+    def _replace(self, path: str, data: bytes) -> None:
+        if self._fsync:
+            atomic_write_bytes(path, data)
+            return
+        tmp = temp_path(path)
+        try:
+            with open(tmp, "xb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+
     def _create_local(self, key: str, data: bytes) -> bool:
-        path = self._path(key)
         self.counters.add(requests=1, written=len(data))
+        won: bool = self._local(key, lambda path: self._link(path, data))
+        return won
+
+    def _link(self, path: str, data: bytes) -> bool:
         tmp = temp_path(path)
         try:
             with open(tmp, "xb") as f:
@@ -419,7 +497,13 @@ class DirectoryStore:
                 os.unlink(path)
             except FileNotFoundError:
                 pass
+            bucket = self._bucket(key)
+            if bucket is not None:
+                with contextlib.suppress(OSError):  # not empty (or gone): it stays
+                    os.rmdir(bucket)
             return
+        # Over fsspec a subdirectory is a prefix of its files' names: none is made, none
+        # is left behind.
         for p in (path + _COMMIT, path):  # marker first: a reader never trusts stale data
             try:
                 self._fs.rm_file(p)
@@ -429,6 +513,15 @@ class DirectoryStore:
 
 # link() refused by the filesystem (FAT, some FUSE and SMB mounts): fall back to O_EXCL
 _NO_LINK = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV}
+
+
+def _split(key: str) -> tuple[str | None, str]:
+    """(the key's group, its file name): the parts before and after its last dot; no
+    group for a key without a dot inside it (a file of the namespace itself)."""
+    dot = key.rfind(".")
+    if dot <= 0 or dot == len(key) - 1:
+        return None, key
+    return key[:dot], key[dot + 1 :]
 
 
 def _frame(value: bytes) -> bytes:
