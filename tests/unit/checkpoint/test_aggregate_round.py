@@ -289,10 +289,11 @@ def test_previous_merged_is_kept_until_the_next_round_is_acknowledged(roots):
     first = decisions(roots.files(root))
     assert len(first) == 1
     rid1 = first[0].removeprefix(KEYS.decisions)
-    # Between rounds only the "round closed" marker (the commit), the merged lanes left for
-    # the followers' shares, the fence key and the leader's liveness key (held until
-    # close()) stay.
-    assert sorted(roots.files(root)) == sorted([*first, KEYS.merged(rid1), KEYS.gen, KEYS.leader])
+    # Between rounds only the "round closed" marker (the commit), every rank's state record
+    # (for the followers' shares; the acknowledgements are gone), the fence key and the
+    # leader's liveness key (held until close()) stay.
+    states1 = [KEYS.state(rid1, r) for r in range(n)]
+    assert sorted(roots.files(root)) == sorted([*first, *states1, KEYS.gen, KEYS.leader])
 
     run_ranks(aggs, [make_state(r, n, 2) for r in range(n)])
     # While round 2 was merging, round 1's commit was still there...
@@ -300,7 +301,9 @@ def test_previous_merged_is_kept_until_the_next_round_is_acknowledged(roots):
     # ...and once round 2 was acknowledged by everyone, it was gone.
     second = decisions(roots.files(root))
     assert len(second) == 1 and second != first
-    assert KEYS.merged(rid1) not in roots.files(root)
+    assert not set(states1) & set(roots.files(root))
+    rid2 = second[0].removeprefix(KEYS.decisions)
+    assert not [k for k in roots.files(root) if k.startswith(KEYS.acks(rid2))]
     close_all(aggs)
     assert roots.files(root) == []
 
@@ -339,15 +342,15 @@ def test_a_followers_share_saves_and_restores_as_the_merged_state(local, tmp_pat
 
 
 class _DropAcks:
-    """A store whose acks vanish (a follower acknowledges by deleting its state): the rank
-    read the result, then died before acking."""
+    """A store whose acks vanish (a follower acknowledges by writing ``a.<round>.<rank>``):
+    the rank read the result, then died before acking."""
 
     def __init__(self, inner: Any) -> None:
         self._inner = inner
 
-    def delete(self, key):
-        if ".s." not in key:
-            self._inner.delete(key)
+    def put(self, key, value, **kw):
+        if ".a." not in key:
+            self._inner.put(key, value, **kw)
 
     def __getattr__(self, name):
         return getattr(self._inner, name)

@@ -221,7 +221,7 @@ def test_open_store_etcd_with_a_blob_location(tmp_path):
     # A round's state records go to the directory, everything else to etcd.
     assert store._for("j0a1b.p00ff.s.abc-1.3") is store.blobs
     assert store._for("j0a1b.p00ff.c.d.abc-1") is store.control
-    assert store._for("j0a1b.p00ff-m.abc-1") is store.blobs  # the records kept for shares
+    assert store._for("j0a1b.p00ff.a.abc-1.3") is store.blobs  # an acknowledgement
     assert store.watch("j0a1b.p00ff.") is None, "no watch over a prefix holding states"
     store.close()
     with pytest.raises(ValueError, match="the only option is blobs="):

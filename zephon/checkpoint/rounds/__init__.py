@@ -6,9 +6,8 @@ rank 0. The entry point is :class:`zephon.checkpoint.aggregate.Aggregator`; this
 holds its parts: ``keys`` (where everything lives, what the records hold), ``job`` (the job
 id), ``wait`` (one budget, backoff, watches), ``leader``, ``follower``, ``context`` (what
 both share: deciding a round, probing the store), ``checks`` (the leader's checks of what
-the ranks sent), ``publish`` (the records left for the followers' shares), ``merged`` (a
-follower's share, whose whole merged state is read back from those records), ``stats``
-(what a round cost).
+the ranks sent), ``merged`` (a follower's share, whose whole merged state is read back
+from the round's state records), ``stats`` (what a round cost).
 
 Leader::
 
@@ -25,9 +24,11 @@ Leader::
     merge; create("c.d.<id>", commit manifest, fence)
                                           the commit: the merged state's header (no lanes)
                                           and one 8-byte digest per rank's state record
-    put("-m.<id>", the states' records)   for the followers' shares (read only on demand)
-    wait until every "s.<id>.r" is gone (a follower's acknowledgement)
-    delete the previous round's commit and -m.<id>; compact the store's history (etcd)
+    put("s.<id>.0", its own state record) beside the followers', for the shares (read
+                                          only on demand)
+    wait until every "a.<id>.r" is written (a follower's acknowledgement)
+    delete the acks, the previous round's commit and its states; compact the store's
+        history (etcd)
 
 Follower r::
 
@@ -35,7 +36,8 @@ Follower r::
     read "c.round" -> round id; create("s.<id>.r", state record)
     wait for "c.d.<id>": a commit whose digest for rank r is this rank's record -> the
         result; an abort -> fail with its reason
-    delete("s.<id>.r")                    the acknowledgement (nobody reads the state now)
+    put("a.<id>.r", its record's digest)  the acknowledgement (its state stays for the
+                                          shares until the next round is acknowledged)
 
 **What a rank gets back.** The leader returns the merged state (every lane). A follower
 returns its *share*: the merged state's header (format, fingerprint, topology, the
@@ -44,9 +46,9 @@ which the leader checked are the lanes it merged, and a ``"share"`` entry naming
 So a follower reads a manifest of O(W) small entries, never the other ranks' lanes: on
 the wire a round is the ranks' states going to the leader and one commit manifest coming
 back. The share is a :class:`zephon.checkpoint.share.Share` (a ``dict``) that can still
-become the whole merged state: the leader leaves every rank's state record (as it
-received them, already encoded) under ``-m.<id>`` (beside the prefix) until
-the next round is acknowledged (or close()), and ``zephon.save`` of a share, or a
+become the whole merged state: every rank's state record (the leader writes its own
+after the commit) stays under ``s.<id>.`` until the next round is acknowledged (or
+close()), and ``zephon.save`` of a share, or a
 ``restore`` of it on lanes it does not hold, reads them from there. So a follower's result
 saves and restores on any rank and any world size, as before; only a rank that saves it
 pays for reading every lane.

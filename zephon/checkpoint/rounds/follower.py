@@ -96,8 +96,9 @@ class Follower:
                     self.last_round = (joined.ann.session, joined.ann.counter)
             rid = joined.ann.round_id
             try:
-                # The acknowledgement: this rank's state goes (nobody reads it any more).
-                ctx.store.delete(keys.state(rid, ctx.rank))
+                # The acknowledgement: the digest of the state the commit listed (the
+                # state stays, for the shares, until the next round is acknowledged).
+                ctx.store.put(keys.ack(rid, ctx.rank), joined.digest)
             except Exception as e:  # noqa: BLE001 - this rank has the result
                 ctx.log.warning(
                     "%s round %s: could not acknowledge the merged result: %s", ctx.p, rid, e

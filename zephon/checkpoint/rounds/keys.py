@@ -12,15 +12,14 @@ Every key of a round sits under one prefix per (job, pipeline)::
     P c.d.<round id>                       the decision: the commit manifest, or an abort
                                            notice; written once (create), so exactly one
                                            outcome exists and every rank reads the same one
-    P s.<round id>.<rank>                  a follower's state record; the follower deletes
-                                           it once it has read the commit, and that
-                                           deletion is its acknowledgement
-    j<job hash>.p<fingerprint>-m.<round id>
-                                           every rank's state record of the round (the
-                                           leader writes them after the commit; nobody reads
-                                           them in the round): what a follower's share reads
-                                           and merges when it is saved or restored
-                                           elsewhere; deleted with the commit
+    P s.<round id>.<rank>                  a rank's state record (the leader's own is
+                                           written after its commit); kept until the next
+                                           round is acknowledged by every rank: what a
+                                           follower's share reads and merges when it is
+                                           saved or restored elsewhere
+    P a.<round id>.<rank>                  a follower's acknowledgement (the digest of its
+                                           state record), written once it has read the
+                                           commit; deleted when every rank's has come
     P x.<rank>                             a probe: "can this rank write at all?"
 
 Followers watch (or poll) only ``P c.``: the control keys are small, and the one large
@@ -51,7 +50,6 @@ __all__ = [
     "COMMIT",
     "DIGEST_BYTES",
     "LEADER_RANK",
-    "MERGED",
     "STATE",
     "Announcement",
     "Keys",
@@ -67,7 +65,6 @@ ANNOUNCE = f"{_KIND}/announce"
 STATE = f"{_KIND}/state"
 COMMIT = f"{_KIND}/commit"
 ABORT = f"{_KIND}/abort"
-MERGED = f"{_KIND}/merged"
 
 
 def job_hash(job_id: str) -> str:
@@ -91,16 +88,17 @@ class Keys:
     def decision(self, rid: str) -> str:
         return f"{self.decisions}{rid}"
 
-    def merged(self, rid: str) -> str:
-        # Beside the prefix, not under it: the leader's watch of the prefix must not echo
-        # back every lane it just wrote.
-        return f"{self.prefix[:-1]}-m.{rid}"
-
     def states(self, rid: str) -> str:
         return f"{self.prefix}s.{rid}."
 
     def state(self, rid: str, rank: int) -> str:
         return f"{self.prefix}s.{rid}.{rank}"
+
+    def acks(self, rid: str) -> str:
+        return f"{self.prefix}a.{rid}."
+
+    def ack(self, rid: str, rank: int) -> str:
+        return f"{self.prefix}a.{rid}.{rank}"
 
     def probe(self, rank: int) -> str:
         return f"{self.probes}{rank}"

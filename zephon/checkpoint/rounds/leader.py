@@ -27,14 +27,13 @@ from zephon.checkpoint.rounds.keys import (
     Keys,
     digest,
 )
-from zephon.checkpoint.rounds.publish import MergedPublisher
 from zephon.checkpoint.rounds.stats import RoundStats, round_stats
 from zephon.checkpoint.rounds.wait import (
     LEADER_POLL_PER_RANK_S,
     ControlView,
     Deadline,
     PrefixFeed,
-    await_deleted,
+    await_written,
 )
 from zephon.checkpoint.stores.base import KeyHeldError, StaleRoundError
 from zephon.errors import AggregationError, CheckpointError
@@ -48,7 +47,8 @@ _VOID_KEPT = 8
 
 class Leader:
     """Runs rank 0's rounds and keeps what must outlive one: the liveness lease, the
-    decisions not yet safe to delete, the rounds whose states are left over."""
+    decisions not yet safe to delete, the round whose states the shares read, the rounds
+    whose states are left over."""
 
     def __init__(self, ctx: RoundContext) -> None:
         self.ctx = ctx
@@ -64,10 +64,10 @@ class Leader:
         #: named in the next announcements (see Announcement.void), the last few kept.
         self.void: list[str] = []
         self.deferred: list[str] = []  # commits to delete with the next announcement
-        self.merged_kept: list[str] = []  # state records left for the followers' shares
-        self._records: list[bytes] = []  # the state records of the round being run
-        #: Leaves the round's records for the shares while the followers acknowledge.
-        self._publisher = MergedPublisher(ctx)
+        #: The last round every rank acknowledged: its states stay for the followers'
+        #: shares until the next one is (see zephon.checkpoint.rounds.keys).
+        self.shared: str | None = None
+        self._own = b""  # the leader's state record of the round being run
         self.last: RoundStats | None = None
 
     # ------------------------------------------------------------------------- round
@@ -100,16 +100,9 @@ class Leader:
                         f"{ctx.p} round {rid} failed in {ctx.where}: {type(e).__name__}: {e}"
                     ) from e
                 raise
-            # The records for the shares are written while the followers acknowledge the
-            # commit: on a thread, joined before this round returns.
-            records, self._records = self._records, []
-            self._publisher.start(rid, records)
-            try:
-                self._after_commit(rid, deadline)
-            finally:
-                published = self._publisher.join()
-                if published is not None:
-                    self.merged_kept.append(published)
+            own, self._own = self._own, b""
+            self._leave_own_state(rid, own)
+            self._after_commit(rid, deadline)
             return merged
         finally:
             self.last = round_stats(ctx, rid, "leader", ok, deadline, before)
@@ -141,7 +134,8 @@ class Leader:
             self.leftovers.add(rid)  # a follower may still join it late and write there
             raise
         ctx.log.debug("%s round %s announced (%d ranks, %s)", ctx.p, rid, n, ctx.who())
-        states, digests, self._records = self._collect(rid, state, own, deadline, watch)
+        states, digests = self._collect(rid, state, own, deadline, watch)
+        self._own = own
         t_collect = deadline.elapsed_ms()
         create_and_delete = getattr(ctx.store, "create_and_delete", None)
         if not callable(create_and_delete):
@@ -197,6 +191,33 @@ class Leader:
         )
         return merged
 
+    def _leave_own_state(self, rid: str, own: bytes) -> None:
+        """Write the leader's own state record beside the followers' (after the commit, so
+        never in the way of collecting them), for the followers' shares: nobody reads it in
+        the round; a follower that saves its share, or restores lanes it does not own, does
+        (waiting for it within one round budget). Never fails the round: a share that cannot
+        find it says so when it is saved."""
+        ctx = self.ctx
+        try:
+            ctx.store.put(ctx.keys.state(rid, LEADER_RANK), own)
+        except Exception as e:  # noqa: BLE001
+            ctx.log.warning(
+                "%s round %s: could not leave the leader's state record in %s for the"
+                " followers' shares (saving a share will fail): %s: %s",
+                ctx.p,
+                rid,
+                ctx.where,
+                type(e).__name__,
+                e,
+            )
+
+    def _drop_round(self, rid: str, world_size: int) -> None:
+        """Delete round ``rid``'s state records and acknowledgements."""
+        ctx, keys = self.ctx, self.ctx.keys
+        ctx.delete_prefix_quietly(keys.states(rid), [keys.state(rid, r) for r in range(world_size)])
+        followers = [r for r in range(world_size) if r != LEADER_RANK]
+        ctx.delete_prefix_quietly(keys.acks(rid), [keys.ack(rid, r) for r in followers])
+
     def _after_commit(self, rid: str, deadline: Deadline) -> None:
         """Wait for the acks; then clean up. Nothing here fails the round: store errors
         only leave keys behind for close() or the next round."""
@@ -218,13 +239,15 @@ class Leader:
             )
             return
         # Every rank has read this round's commit, so none still needs an earlier one (nor
-        # the records left for shares: a share of an earlier round cannot be saved any more).
+        # an earlier round's states: a share of an earlier round cannot be saved any more).
+        # This round's states stay for its shares; its acknowledgements are counted.
         old_decisions = self.kept[:-1]
         self.kept = self.kept[-1:]
-        mine = ctx.keys.merged(rid)
-        for key in [k for k in self.merged_kept if k != mine]:
-            ctx.delete_quietly(key)
-        self.merged_kept = [k for k in self.merged_kept if k == mine]
+        if self.shared is not None and self.shared != rid:
+            self._drop_round(self.shared, n)
+        self.shared = rid
+        followers = [r for r in range(n) if r != LEADER_RANK]
+        ctx.delete_prefix_quietly(ctx.keys.acks(rid), [ctx.keys.ack(rid, r) for r in followers])
         if callable(getattr(ctx.store, "announce_with", None)):
             # Deleted with the next announcement (or at close()): a write, and a pushed
             # event to every watching follower, fewer per round.
@@ -299,7 +322,6 @@ class Leader:
         for rid, world_size in found.items():
             ctx.log.debug("%s replacing round %s left by an earlier run", ctx.p, rid)
             ctx.delete_quietly(keys.decision(rid))
-            ctx.delete_quietly(keys.merged(rid))
             # Its states go now and again after this round: followers that had
             # joined it may still write there until they see the new announcement.
             self.replaced.add((rid, world_size))
@@ -307,10 +329,8 @@ class Leader:
             self._sweep_replaced()
 
     def _sweep_replaced(self) -> None:
-        ctx, keys = self.ctx, self.ctx.keys
         for rid, world_size in sorted(self.replaced):
-            followers = [r for r in range(world_size) if r != LEADER_RANK]
-            ctx.delete_prefix_quietly(keys.states(rid), [keys.state(rid, r) for r in followers])
+            self._drop_round(rid, world_size)
 
     def _collect(
         self,
@@ -319,15 +339,13 @@ class Leader:
         own_blob: bytes,
         deadline: Deadline,
         watch: Any,
-    ) -> tuple[list[dict[str, Any]], list[bytes], list[bytes]]:
+    ) -> tuple[list[dict[str, Any]], list[bytes]]:
         ctx, keys, n = self.ctx, self.ctx.keys, self.ctx.world_size
         ref = leader_topology(ctx, rid, own)
         states: list[Any] = [None] * n
         digests = [b"\x00" * DIGEST_BYTES] * n
-        records = [b""] * n
         states[LEADER_RANK] = own
         digests[LEADER_RANK] = digest(own_blob)
-        records[LEADER_RANK] = own_blob
         missing = {r for r in range(n) if r != LEADER_RANK}
         feed = PrefixFeed(ctx.store, watch, keys.states(rid), [keys.state(rid, r) for r in missing])
         view = ControlView(ctx.store, watch, deadline, n, LEADER_POLL_PER_RANK_S)
@@ -340,23 +358,21 @@ class Leader:
                     continue
                 states[r] = checked_state(ctx, rid, r, key, blob, ref)
                 digests[r] = digest(blob)
-                records[r] = blob
                 missing.discard(r)
             if not missing:
-                return states, digests, records
+                return states, digests
             gen_seen = check_not_ended(ctx, rid, view, gen_seen)
             if not view.sleep():
                 raise AggregationError(missing_message(ctx, rid, sorted(missing)))
 
     def _wait_acks(self, rid: str, deadline: Deadline) -> list[int]:
-        """The followers whose state key is still there at the deadline (a follower
-        acknowledges the commit by deleting its state)."""
+        """The followers whose acknowledgement has not come at the deadline."""
         ctx, keys, n = self.ctx, self.ctx.keys, self.ctx.world_size
-        remaining = {keys.state(rid, r): r for r in range(n) if r != LEADER_RANK}
-        if not remaining:
+        pending = {keys.ack(rid, r): r for r in range(n) if r != LEADER_RANK}
+        if not pending:
             return []
         view = ControlView(ctx.store, ctx.watch(keys.prefix), deadline, n, LEADER_POLL_PER_RANK_S)
-        return await_deleted(view, keys.states(rid), remaining)
+        return await_written(view, keys.acks(rid), pending)
 
     def _fail(self, rid: str, error: BaseException) -> None:
         """Publish the failure notice (the round's decision: an abort), so followers fail
@@ -409,13 +425,12 @@ class Leader:
             self.lease = None
         keep = set() if self.failed is None else {self.failed, keys.round}
         mine = [keys.gen, keys.round] if self.announced is not None else []
-        for key in [*self.deferred, *self.kept, *self.merged_kept, *mine]:
+        for key in [*self.deferred, *self.kept, *mine]:
             if key not in keep:
                 ctx.delete_quietly(key)
-        self.merged_kept = []
-        followers = [r for r in range(n) if r != LEADER_RANK]
-        for rid in sorted(self.leftovers):
-            ctx.delete_prefix_quietly(keys.states(rid), [keys.state(rid, r) for r in followers])
+        for rid in sorted(self.leftovers | ({self.shared} if self.shared else set())):
+            self._drop_round(rid, n)
+        self.shared = None
         self._sweep_replaced()
         self.replaced.clear()
         if self.announced is not None:

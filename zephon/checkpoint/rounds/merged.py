@@ -1,7 +1,8 @@
 """A follower's result of a committed round: the merged state's header with the rank's own
 lanes, as a :class:`~zephon.checkpoint.share.Share` whose whole merged state is read back
-when it is asked for, from the state records the leader left
-(:mod:`zephon.checkpoint.rounds.publish`), each checked against the commit's digests."""
+when it is asked for, from the round's state records (kept until the next round is
+acknowledged; see :mod:`zephon.checkpoint.rounds.keys`), each checked against the
+commit's digests."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ import time
 from typing import Any
 
 from zephon.checkpoint.rounds.context import RoundContext
-from zephon.checkpoint.rounds.keys import DIGEST_BYTES, LEADER_RANK, MERGED, STATE, decode, digest
+from zephon.checkpoint.rounds.keys import DIGEST_BYTES, LEADER_RANK, STATE, decode, digest
 from zephon.checkpoint.rounds.wait import Deadline
 from zephon.checkpoint.share import SHARE_KEY, Share
+from zephon.checkpoint.stores.base import get_many
 from zephon.errors import AggregationError, CheckpointError
 
 __all__ = ["read_merged", "share_of"]
@@ -45,18 +47,23 @@ def share_of(
 
 
 def read_merged(ctx: RoundContext, rid: str, digests: Any, own: list[Any]) -> dict[str, Any]:
-    """Round ``rid``'s whole merged state: every rank's state record, from what the
-    leader left for the shares (waiting, within one round budget, for the leader to
-    write it after its commit), each checked against the commit's digests, merged as
-    the leader merged them."""
+    """Round ``rid``'s whole merged state: every rank's state record (waiting, within one
+    round budget, for the leader's own, which it writes after its commit), each checked
+    against the commit's digests, merged as the leader merged them."""
     keys, n = ctx.keys, ctx.world_size
     what = f"{ctx.p} the merged state of round {rid} (this rank's share of it was asked"
+    if not isinstance(digests, bytes) or len(digests) != n * DIGEST_BYTES:
+        raise CheckpointError(f"{what} for every lane): the commit of round {rid} lists no digests")
     deadline = Deadline(ctx.timeout_s)
     delay = float(ctx.store.poll_interval_s)
+    records: list[bytes | None] = [None] * n
     try:
         while True:
-            blob = ctx.store.get(keys.merged(rid))
-            if blob is not None:
+            missing = [r for r in range(n) if records[r] is None]
+            got = get_many(ctx.store, [keys.state(rid, r) for r in missing])
+            for r, blob in zip(missing, got, strict=True):
+                records[r] = blob
+            if all(blob is not None for blob in records):
                 break
             if ctx.store.get(keys.decision(rid)) is None:
                 raise CheckpointError(
@@ -66,9 +73,11 @@ def read_merged(ctx: RoundContext, rid: str, digests: Any, own: list[Any]) -> di
                     " closes, or save rank 0's"
                 )
             if deadline.remaining() <= 0:
+                absent = [r for r in range(n) if records[r] is None]
                 raise CheckpointError(
-                    f"{what} for every lane) did not appear in {ctx.where} within"
-                    f" {ctx.timeout_s:g} s; the leader (rank {LEADER_RANK}) logs why"
+                    f"{what} for every lane): the state records of ranks {absent[:8]} did"
+                    f" not appear in {ctx.where} within {ctx.timeout_s:g} s; the leader"
+                    f" (rank {LEADER_RANK}) logs why"
                 )
             time.sleep(min(delay, max(deadline.remaining(), 0.0)))
             delay = min(delay * 2, 0.5)
@@ -78,26 +87,17 @@ def read_merged(ctx: RoundContext, rid: str, digests: Any, own: list[Any]) -> di
         raise CheckpointError(
             f"{what} for every lane) could not be read from {ctx.where}: {type(e).__name__}: {e}"
         ) from e
-    rec = decode(blob, MERGED)
-    records = rec.get("records") if rec is not None else None
-    if (
-        rec is None
-        or (rec.get("round_id"), rec.get("job_id"), rec.get("fingerprint"))
-        != (rid, ctx.job_id, ctx.fingerprint)
-        or not isinstance(records, list)
-        or len(records) != n
-        or not isinstance(digests, bytes)
-    ):
-        raise CheckpointError(
-            f"{what} for every lane) in {keys.merged(rid)} in {ctx.where} is not the"
-            f" state records of this round of {ctx.who()}"
-        )
     states = []
     for r, record in enumerate(records):
         st = decode(record, STATE) if isinstance(record, bytes) else None
-        if st is None or digest(record) != digests[r * DIGEST_BYTES : (r + 1) * DIGEST_BYTES]:
+        if (
+            st is None
+            or digest(record) != digests[r * DIGEST_BYTES : (r + 1) * DIGEST_BYTES]  # type: ignore[arg-type]
+            or (st.get("round_id"), st.get("job_id"), st.get("fingerprint"))
+            != (rid, ctx.job_id, ctx.fingerprint)
+        ):
             raise CheckpointError(
-                f"{what} for every lane): rank {r}'s state record in {keys.merged(rid)}"
+                f"{what} for every lane): rank {r}'s state record {keys.state(rid, r)}"
                 f" in {ctx.where} is not the one the round's commit lists"
             )
         states.append(st["state"])

@@ -27,7 +27,7 @@ __all__ = [
     "Deadline",
     "Poller",
     "PrefixFeed",
-    "await_deleted",
+    "await_written",
 ]
 
 FOLLOWER_POLL_PER_RANK_S = 400e-6
@@ -204,31 +204,18 @@ class PrefixFeed:
         self._seen.discard(key)
 
 
-def await_deleted(view: ControlView, prefix: str, pending: dict[str, Any]) -> list[Any]:
+def await_written(view: ControlView, prefix: str, pending: dict[str, Any]) -> list[Any]:
     """Wait, within ``view``'s budget, until the keys of ``pending`` (each under
-    ``prefix``, mapped to what it stands for) are deleted: seen in the watch's pushes, or
-    by listing ``prefix`` (one request), or (stores that cannot list) by reading the keys.
-    Returns what the keys still there stand for, sorted."""
-    store, watch = view.store, view.watch
+    ``prefix``, mapped to what it stands for) are written: seen in the watch's pushes, or
+    by listing ``prefix`` (one request) and reading the new keys, or (stores that cannot
+    list) by reading the keys still missing. Returns what the keys still missing stand
+    for, sorted."""
+    feed = PrefixFeed(view.store, view.watch, prefix, list(pending))
     remaining = dict(pending)
-    can_list = callable(getattr(store, "list_keys", None))
-    if view.pushed:  # what was deleted before this wait is already out of the copy
-        for key in [k for k in remaining if watch.get(k) is None]:
-            del remaining[key]
     while remaining:
-        if view.pushed:
-            for key, value in watch.drain().items():
-                if value is None:
-                    remaining.pop(key, None)
-        elif can_list:
-            present = set(store.list_keys(prefix))
-            for key in [k for k in remaining if k not in present]:
-                del remaining[key]
-        else:
-            names = list(remaining)
-            for key, value in zip(names, get_many(store, names), strict=True):
-                if value is None:
-                    del remaining[key]
+        changes = view.watch.drain() if view.pushed else None
+        for key in feed.poll(changes):
+            remaining.pop(key, None)
         if not remaining or not view.sleep():
             break
     return sorted(remaining.values())

@@ -7,10 +7,10 @@ database until compacted. Rounds over etcd alone write each rank's state there a
 after every committed round; at a thousand ranks those writes are most of the round. With a
 blob location (a shared directory or an fsspec URL such as ``s3://bucket/zephon``), the
 state records (``<job>.<pipeline>.s.<round>.<rank>``, see
-:mod:`zephon.checkpoint.rounds.keys`), the copy of them the leader leaves for
-the followers' shares (``<job>.<pipeline>-m.<round>``) and the states' deletions (the
-followers' acknowledgements) go there, and etcd carries only the announcement, the liveness lease, the fence and the
-commit manifest, which followers still receive by watch. The commit manifest names the
+:mod:`zephon.checkpoint.rounds.keys`; kept for the followers' shares until the next round
+is acknowledged) and the followers' acknowledgements go there, and etcd carries only the
+announcement, the liveness lease, the fence and the commit manifest, which followers still
+receive by watch. The commit manifest names the
 states by round id and rank, and lists their digests.
 """
 
@@ -23,7 +23,7 @@ from zephon.checkpoint.stores.base import Store, StoreCounters, get_many
 
 __all__ = ["SplitStore"]
 
-_STATE = re.compile(r"j[0-9a-f]+\.p[0-9a-f]+(\.s|-m)\.")  # the states, their copy for shares
+_STATE = re.compile(r"j[0-9a-f]+\.p[0-9a-f]+\.[sa]\.")  # the ranks' state records, the acks
 _CONTROL = re.compile(r"j[0-9a-f]+\.p[0-9a-f]+\.c\.")  # their control prefix
 
 
