@@ -133,6 +133,14 @@ class Roots:
         # A key is its data object plus its commit marker; list keys (and stray markers).
         return sorted(x for x in names if not (x.endswith(".commit") and x[:-7] in names))
 
+    def empty_dirs(self, root: str) -> list[str]:
+        """The store's subdirectories that hold nothing (local roots; an object store has
+        no empty prefixes)."""
+        if self.kind != "local":
+            return []
+        base = os.path.join(root, "job")
+        return sorted(d for d, subs, files in os.walk(base) if d != base and not subs + files)
+
     def cleanup(self) -> None:
         if self.kind == "memory":
             fs = fsspec.filesystem("memory")
@@ -306,6 +314,7 @@ def test_previous_merged_is_kept_until_the_next_round_is_acknowledged(roots):
     assert not [k for k in roots.files(root) if k.startswith(KEYS.acks(rid2))]
     close_all(aggs)
     assert roots.files(root) == []
+    assert roots.empty_dirs(root) == []
 
 
 def test_a_followers_share_saves_and_restores_as_the_merged_state(local, tmp_path):
@@ -445,6 +454,7 @@ def test_missing_rank_is_named_with_its_lanes_and_followers_fail_fast(roots):
         assert felapsed < 2.0  # the notice, not their own 20 s budget
     close_all(aggs)
     assert_only_the_failure_is_left(roots.files(root))
+    assert roots.empty_dirs(root) == [], "the subdirectories made for the round go with it"
 
 
 def test_a_dp_peer_cannot_stand_in_for_a_missing_rank(local):
@@ -816,6 +826,7 @@ def test_single_rank_round_and_close_is_idempotent(local):
     a.close()
     a.close()
     assert local.files(root) == []
+    assert os.listdir(os.path.join(root, "job")) == [], "no subdirectory made for no follower"
     with pytest.raises(AggregationError, match=r"\[rank=0\] round\(\) after close\(\)"):
         a.round(st)
 
@@ -876,4 +887,39 @@ def test_a_follower_that_joins_a_round_its_leader_never_announced_takes_the_next
     out = run_ranks(aggs, states, delays_s={0: 0.2})  # the follower joins the void round
     check_results([res for res, _ in out], states)
     assert aggs[1]._side.last_round[1] == 3  # type: ignore[union-attr]
+    close_all(aggs)
+
+
+class _CountReads:
+    """A store that counts the keys it was asked to read."""
+
+    def __init__(self, inner: Any, reads: list[str]) -> None:
+        self._inner, self._reads = inner, reads
+
+    def get(self, key):
+        self._reads.append(key)
+        return self._inner.get(key)
+
+    def get_many(self, keys):
+        self._reads.extend(keys)
+        return [self._inner.get(k) for k in keys]
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+def test_the_leader_reads_each_state_once_and_no_acknowledgement(roots):
+    """A listed acknowledgement is enough: the leader lists the round's acks, it reads
+    none of them (a thousand reads a round over a directory)."""
+    root = roots.new()
+    n = 4
+    reads: list[str] = []
+    aggs = make_aggs(roots, root, n, store_wrap=lambda r, s: _CountReads(s, reads) if r == 0 else s)
+    for step in (1, 2):
+        reads.clear()
+        run_ranks(aggs, [make_state(r, n, step) for r in range(n)])
+        rid = decisions(roots.files(root))[0].removeprefix(KEYS.decisions)
+        assert not [k for k in reads if k.startswith(KEYS.acks(rid))], reads
+        states = [k for k in reads if k.startswith(KEYS.states(rid))]
+        assert sorted(states) == sorted(KEYS.state(rid, r) for r in range(1, n)), reads
     close_all(aggs)

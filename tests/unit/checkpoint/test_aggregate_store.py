@@ -342,3 +342,18 @@ def test_writes_racing_the_removal_of_their_empty_subdirectory(store):
     churner.join()
     assert errors == []
     assert store.list_keys("g.") == []
+
+
+def test_make_room_makes_the_subdirectory_a_round_writes_into(tmp_path):
+    s = DirectoryStore(tmp_path, "ns")
+    s.make_room(["j.p.s.r1.", "j.p.a.r1."])
+    assert sorted(os.listdir(tmp_path / "ns")) == ["j.p.a.r1~", "j.p.s.r1~"]
+    assert s.list_keys("j.") == []
+    before = s.counters.snapshot()["requests"]
+    s.put("j.p.s.r1.3", b"state")
+    assert s.counters.snapshot()["requests"] - before == 1, "no failed write, no mkdir"
+    s.delete_prefix("j.p.s.r1.")
+    assert os.listdir(tmp_path / "ns") == ["j.p.a.r1~"]  # (empty: removed with a deletion)
+    memory = DirectoryStore(f"memory://zephon-room-{uuid.uuid4().hex}", "ns")
+    memory.make_room(["j.p.s.r1."])  # prefixes of object names: nothing to make
+    assert memory.list_keys("") == []

@@ -117,6 +117,9 @@ class Leader:
         self._clear_leftover_announcement(watch)
         self.announced = rid  # from here on the keys are this leader's to publish and remove
         self.leftovers.add(rid)
+        make_room = getattr(ctx.store, "make_room", None)
+        if callable(make_room) and n > 1:  # (the directory store: see make_room)
+            make_room([keys.states(rid), keys.acks(rid)])
         announce_with = getattr(ctx.store, "announce_with", None)
         try:
             if callable(announce_with):

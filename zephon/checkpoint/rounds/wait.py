@@ -158,12 +158,16 @@ class ControlView:
 class PrefixFeed:
     """The values under a prefix that the leader has not seen yet, each read once: pushed
     by a watch, or found by listing the prefix (one request) and reading only new keys, or
-    (stores that cannot list) by reading the keys still missing."""
+    (stores that cannot list) by reading the keys still missing. Without ``values`` only
+    the names count: a listed key is not read (its value reads as ``b""``)."""
 
-    def __init__(self, store: Any, watch: Any, prefix: str, expected: list[str]) -> None:
+    def __init__(
+        self, store: Any, watch: Any, prefix: str, expected: list[str], values: bool = True
+    ) -> None:
         self.store = store
         self.watch = watch
         self.prefix = prefix
+        self.values = values
         self._missing = set(expected)
         self._seen: set[str] = set()
         self._can_list = callable(getattr(store, "list_keys", None))
@@ -189,6 +193,9 @@ class PrefixFeed:
                 self._pushed = False
             if self._can_list:
                 names = [k for k in self.store.list_keys(self.prefix) if k not in self._seen]
+                if not self.values:
+                    fresh.update(dict.fromkeys(names, b""))
+                    names = []
             else:
                 names = sorted(self._missing - self._seen)
             if names:
@@ -207,10 +214,10 @@ class PrefixFeed:
 def await_written(view: ControlView, prefix: str, pending: dict[str, Any]) -> list[Any]:
     """Wait, within ``view``'s budget, until the keys of ``pending`` (each under
     ``prefix``, mapped to what it stands for) are written: seen in the watch's pushes, or
-    by listing ``prefix`` (one request) and reading the new keys, or (stores that cannot
-    list) by reading the keys still missing. Returns what the keys still missing stand
-    for, sorted."""
-    feed = PrefixFeed(view.store, view.watch, prefix, list(pending))
+    in a listing of ``prefix`` (one request; a listed key is written, none is read), or
+    (stores that cannot list) by reading the keys still missing. Returns what the keys
+    still missing stand for, sorted."""
+    feed = PrefixFeed(view.store, view.watch, prefix, list(pending), values=False)
     remaining = dict(pending)
     while remaining:
         changes = view.watch.drain() if view.pushed else None

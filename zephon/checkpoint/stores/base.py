@@ -21,6 +21,9 @@ Optional powers make rounds cheaper or safer where a backend has them (looked up
 * ``delete_prefix(prefix)``: one request removes a round's states or acks;
 * ``watch(prefix)``: the store pushes changes (etcd watches), so waiting ranks send no
   requests while they wait (:class:`PrefixWatch`);
+* ``make_room(prefixes)``: prepare for many ranks writing under each prefix at once (the
+  directory store makes the prefix's subdirectory, so a thousand followers do not each
+  find it missing and race to make it);
 * ``compact()``: drop the history of deleted keys after a committed round (etcd keeps every
   revision until compacted, and its database quota counts them);
 * ``counters``: a :class:`StoreCounters` of requests and bytes, for the per-round figures.

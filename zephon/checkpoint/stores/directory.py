@@ -286,12 +286,30 @@ class DirectoryStore:
             and (n.endswith(_BUCKET) or (not n.endswith(_COMMIT) and n + _COMMIT in found))
         ]
 
+    def make_room(self, prefixes: list[str]) -> None:
+        """Make the subdirectories of the keys under ``prefixes`` (each ending with a dot:
+        a round's states, its acknowledgements) before many ranks write there at once;
+        without it each of them would find it missing, fail a write and race to make it.
+        One that stays empty is removed with the next deletion under it (or stays, empty,
+        if none comes: a listing ignores it)."""
+        if self._fs is not None:
+            return
+        for prefix in prefixes:
+            bucket = self._bucket(prefix + "x")
+            if bucket is not None:
+                self.counters.add(requests=1)
+                os.makedirs(bucket, exist_ok=True)
+
     def delete_prefix(self, prefix: str) -> None:
         """Remove every key that starts with ``prefix``."""
         if not prefix:
             raise ValueError("delete_prefix needs a non-empty prefix")
         for key in self.list_keys(prefix):
             self._unlink(key)
+        bucket = self._bucket(prefix + "x") if self._fs is None else None
+        if bucket is not None:  # made by make_room and never written: it goes too
+            with contextlib.suppress(OSError):
+                os.rmdir(bucket)
 
     def announce(self, key: str, value: bytes) -> _Fence:
         """Put ``key``; the returned fence lets ``put`` check that it is still current.

@@ -49,6 +49,8 @@ class SplitStore:
             self.create_and_delete = control.create_and_delete  # type: ignore[attr-defined]
         if callable(getattr(control, "compact", None)):
             self.compact = control.compact  # type: ignore[attr-defined]
+        if callable(getattr(blobs, "make_room", None)):
+            self.make_room = blobs.make_room  # type: ignore[attr-defined]  # states, acks
 
     def __repr__(self) -> str:
         return f"SplitStore({self.describe()!r})"
