@@ -31,7 +31,7 @@ import zephon as zp
 from tests.integration.corpus import lm_pipeline
 from zephon.runners.processes import AUTO_FIRST_SLOT_BYTES
 
-pytestmark = pytest.mark.processes
+pytestmark = [pytest.mark.processes, pytest.mark.faults]
 
 HERE = Path(__file__).parent
 REPO = Path(zp.__file__).resolve().parents[1]
