@@ -298,10 +298,14 @@ def test_previous_merged_is_kept_until_the_next_round_is_acknowledged(roots):
     assert len(first) == 1
     rid1 = first[0].removeprefix(KEYS.decisions)
     # Between rounds only the "round closed" marker (the commit), every rank's state record
-    # (for the followers' shares; the acknowledgements are gone), the fence key and the
-    # leader's liveness key (held until close()) stay.
+    # (for the followers' shares; the acknowledgements go on a thread after the round), the
+    # fence key and the leader's liveness key (held until close()) stay.
     states1 = [KEYS.state(rid1, r) for r in range(n)]
-    assert sorted(roots.files(root)) == sorted([*first, *states1, KEYS.gen, KEYS.leader])
+    expected = sorted([*first, *states1, KEYS.gen, KEYS.leader])
+    deadline = time.monotonic() + 5
+    while sorted(roots.files(root)) != expected and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sorted(roots.files(root)) == expected
 
     run_ranks(aggs, [make_state(r, n, 2) for r in range(n)])
     # While round 2 was merging, round 1's commit was still there...

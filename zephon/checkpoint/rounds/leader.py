@@ -6,6 +6,7 @@ import contextlib
 import os
 import re
 import socket
+import threading
 import uuid
 from typing import Any
 
@@ -69,10 +70,14 @@ class Leader:
         self.shared: str | None = None
         self._own = b""  # the leader's state record of the round being run
         self.last: RoundStats | None = None
+        #: Deleting an acknowledged round's acks (see _drop_acks_later) after round() has
+        #: returned; joined before the next round and in close().
+        self._cleaner: threading.Thread | None = None
 
     # ------------------------------------------------------------------------- round
 
     def round(self, state: dict[str, Any]) -> dict[str, Any]:
+        self._join_cleaner()
         ctx, n = self.ctx, self.ctx.world_size
         deadline = Deadline(ctx.timeout_s)
         before = ctx.counters()
@@ -221,6 +226,26 @@ class Leader:
         followers = [r for r in range(world_size) if r != LEADER_RANK]
         ctx.delete_prefix_quietly(keys.acks(rid), [keys.ack(rid, r) for r in followers])
 
+    def _drop_acks_later(self, rid: str) -> None:
+        """Delete round ``rid``'s acknowledgements on a thread: they are counted and nobody
+        reads them again, and over a directory they are a file each, a thousand at 1,024
+        ranks, which the round need not wait for. Their requests are counted in no round's
+        figures."""
+        ctx, keys = self.ctx, self.ctx.keys
+        followers = [r for r in range(ctx.world_size) if r != LEADER_RANK]
+        self._cleaner = threading.Thread(
+            target=ctx.delete_prefix_quietly,
+            args=(keys.acks(rid), [keys.ack(rid, r) for r in followers]),
+            name=f"zephon-acks-{rid}",
+            daemon=True,
+        )
+        self._cleaner.start()
+
+    def _join_cleaner(self) -> None:
+        if self._cleaner is not None:
+            self._cleaner.join()
+            self._cleaner = None
+
     def _after_commit(self, rid: str, deadline: Deadline) -> None:
         """Wait for the acks; then clean up. Nothing here fails the round: store errors
         only leave keys behind for close() or the next round."""
@@ -247,10 +272,9 @@ class Leader:
         old_decisions = self.kept[:-1]
         self.kept = self.kept[-1:]
         if self.shared is not None and self.shared != rid:
-            self._drop_round(self.shared, n)
+            self._drop_round(self.shared, n)  # (now: a share of it says it can't be saved)
         self.shared = rid
-        followers = [r for r in range(n) if r != LEADER_RANK]
-        ctx.delete_prefix_quietly(ctx.keys.acks(rid), [ctx.keys.ack(rid, r) for r in followers])
+        self._drop_acks_later(rid)
         if callable(getattr(ctx.store, "announce_with", None)):
             # Deleted with the next announcement (or at close()): a write, and a pushed
             # event to every watching follower, fewer per round.
@@ -420,6 +444,7 @@ class Leader:
         failed last round keeps its announcement and notice: followers that have not looked
         yet must still find out (a later run ignores them)."""
         ctx, keys, n = self.ctx, self.ctx.keys, self.ctx.world_size
+        self._join_cleaner()
         if self.lease is not None:
             try:
                 self.lease.stop()
