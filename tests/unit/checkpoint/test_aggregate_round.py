@@ -283,6 +283,17 @@ def test_a_follower_reads_the_manifest_not_the_other_ranks_lanes(local):
     close_all(aggs)
 
 
+def eventually(condition: Callable[[], bool], within_s: float = 5.0) -> bool:
+    """Whether ``condition()`` holds within ``within_s`` (what the leader deletes after a
+    round returns, on a thread, goes soon after)."""
+    deadline = time.monotonic() + within_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
 def test_previous_merged_is_kept_until_the_next_round_is_acknowledged(roots):
     root = roots.new()
     n = 3
@@ -302,10 +313,7 @@ def test_previous_merged_is_kept_until_the_next_round_is_acknowledged(roots):
     # fence key and the leader's liveness key (held until close()) stay.
     states1 = [KEYS.state(rid1, r) for r in range(n)]
     expected = sorted([*first, *states1, KEYS.gen, KEYS.leader])
-    deadline = time.monotonic() + 5
-    while sorted(roots.files(root)) != expected and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert sorted(roots.files(root)) == expected
+    assert eventually(lambda: sorted(roots.files(root)) == expected), roots.files(root)
 
     run_ranks(aggs, [make_state(r, n, 2) for r in range(n)])
     # While round 2 was merging, round 1's commit was still there...
@@ -315,7 +323,7 @@ def test_previous_merged_is_kept_until_the_next_round_is_acknowledged(roots):
     assert len(second) == 1 and second != first
     assert not set(states1) & set(roots.files(root))
     rid2 = second[0].removeprefix(KEYS.decisions)
-    assert not [k for k in roots.files(root) if k.startswith(KEYS.acks(rid2))]
+    assert eventually(lambda: not [k for k in roots.files(root) if k.startswith(KEYS.acks(rid2))])
     close_all(aggs)
     assert roots.files(root) == []
     assert roots.empty_dirs(root) == []

@@ -304,12 +304,16 @@ class DirectoryStore:
         """Remove every key that starts with ``prefix``."""
         if not prefix:
             raise ValueError("delete_prefix needs a non-empty prefix")
-        for key in self.list_keys(prefix):
-            self._unlink(key)
-        bucket = self._bucket(prefix + "x") if self._fs is None else None
-        if bucket is not None:  # made by make_room and never written: it goes too
-            with contextlib.suppress(OSError):
-                os.rmdir(bucket)
+        keys = self.list_keys(prefix)
+        for key in keys:
+            self._unlink(key, tidy=False)
+        if self._fs is None:
+            # Each emptied subdirectory goes once (not after every key), and the one of the
+            # prefix itself even when it held nothing (made by make_room, never written).
+            buckets = {self._bucket(key) for key in keys} | {self._bucket(prefix + "x")}
+            for bucket in buckets - {None}:
+                with contextlib.suppress(OSError):  # not empty (or gone): it stays
+                    os.rmdir(bucket)  # type: ignore[arg-type]
 
     def announce(self, key: str, value: bytes) -> _Fence:
         """Put ``key``; the returned fence lets ``put`` check that it is still current.
@@ -394,7 +398,8 @@ class DirectoryStore:
 
     def _local(self, key: str, write: Any) -> Any:
         """``write(path)`` for a local key; where its subdirectory is missing (the first key
-        of its group, or another rank removed it empty in between), make it and again."""
+        of its group, or another rank removed it empty in between), make it and write
+        again."""
         path = self._path(key)
         bucket = self._bucket(key)
         for _ in range(_MAKE_TRIES):
@@ -507,7 +512,8 @@ class DirectoryStore:
         self.counters.add(read=len(data))
         return bytes(data) if marker == _marker(data) else None
 
-    def _unlink(self, key: str) -> None:
+    def _unlink(self, key: str, tidy: bool = True) -> None:
+        """Remove ``key``'s file; ``tidy``: and its subdirectory if that left it empty."""
         path = self._path(key)
         self.counters.add(requests=1)
         if self._fs is None:
@@ -515,7 +521,7 @@ class DirectoryStore:
                 os.unlink(path)
             except FileNotFoundError:
                 pass
-            bucket = self._bucket(key)
+            bucket = self._bucket(key) if tidy else None
             if bucket is not None:
                 with contextlib.suppress(OSError):  # not empty (or gone): it stays
                     os.rmdir(bucket)
