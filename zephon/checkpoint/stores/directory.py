@@ -42,30 +42,24 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
-import logging
-import math
 import os
 import re
-import struct
 import threading
 import time
 from typing import Any
 
 from zephon.checkpoint.atomic import atomic_write_bytes, fsync_dir, temp_path
 from zephon.checkpoint.stores.base import KeyHeldError, StaleRoundError, StoreCounters
+from zephon.checkpoint.stores.file_lease import FileLease, frame, unframe
 from zephon.errors import AggregationError
 
 __all__ = ["DirectoryStore"]
-
-log = logging.getLogger(__name__)
 
 # Keys are plain file names: no separators, no leading dot (temp files start with one), and
 # nothing ending in the commit marker's suffix.
 _KEY = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,199}")
 _COMMIT = ".commit"
 _BUCKET = "~"  # ends the name of a key group's subdirectory (no key holds it)
-_LEASE_MAGIC = b"ZLEASE01"
-_LEASE_HEADER = struct.Struct("<8sd")  # magic, expiry (unix seconds; inf = never)
 _MAKE_TRIES = 10  # a write whose subdirectory keeps being removed under it gives up then
 _CREATE_SETTLE_S = 1.0  # fsspec: how long a loser waits for the winner's data to land
 
@@ -81,62 +75,6 @@ class _Fence:
 
     def __repr__(self) -> str:
         return f"_Fence(key={self.key!r}, {len(self.value)} bytes)"
-
-
-class _Lease:
-    """A ``keep_alive`` handle: refreshes the key until ``stop()``, which deletes it."""
-
-    def __init__(self, store: DirectoryStore, key: str, value: bytes, ttl_s: float) -> None:
-        self._store = store
-        self._key = key
-        self._value = value
-        self._ttl_s = ttl_s
-        self._stopped = threading.Event()
-        self._lock = threading.Lock()
-        self._expiry = 0.0
-        self._lost = False
-        self._refresh()
-        self._thread = threading.Thread(target=self._run, name=f"zephon-lease-{key}", daemon=True)
-        self._thread.start()
-
-    @property
-    def lost(self) -> bool:
-        """True once the key may have expired under its holder (it was not refreshed in
-        time: the process was paused, or the directory unwritable); stays True."""
-        if not self._lost and time.time() > self._expiry:
-            self._lost = True
-        return self._lost
-
-    def _refresh(self) -> None:
-        expiry = time.time() + self._ttl_s
-        self._store._write(self._key, _LEASE_HEADER.pack(_LEASE_MAGIC, expiry) + self._value)
-        self._expiry = expiry
-
-    def _run(self) -> None:
-        while not self._stopped.wait(self._ttl_s / 3):
-            with self._lock:
-                if self._stopped.is_set():
-                    return
-                _ = self.lost  # notice a lapse before refreshing hides it
-                try:
-                    self._refresh()
-                except Exception as e:  # a missed refresh is retried; ttl_s covers two
-                    log.warning(
-                        "%scould not refresh %r in %s: %s",
-                        self._store.log_prefix,
-                        self._key,
-                        self._store.describe(),
-                        e,
-                    )
-
-    def stop(self) -> None:
-        """Stop refreshing and delete the key; idempotent."""
-        with self._lock:
-            if self._stopped.is_set():
-                return
-            self._stopped.set()
-        self._thread.join()
-        self._store.delete(self._key)
 
 
 class DirectoryStore:
@@ -183,7 +121,7 @@ class DirectoryStore:
             os.makedirs(self._base, exist_ok=True)
             self.poll_interval_s = 0.001
             self.poll_max_interval_s = 0.005
-        self._leases: list[_Lease] = []
+        self._leases: list[FileLease] = []
         self._leases_lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -200,14 +138,14 @@ class DirectoryStore:
         """
         self._check_key(key)
         self._check_fence(key, fence)
-        self._write(key, _frame(value))
+        self._write(key, frame(value))
 
     def create(self, key: str, value: bytes, *, fence: Any = None) -> bytes | None:
         """Write ``key`` only if absent (see the module docstring); None when this call
         created it, else the value that was there first."""
         self._check_key(key)
         self._check_fence(key, fence)
-        data = _frame(value)
+        data = frame(value)
         for _ in range(3):
             if self._fs is None:
                 won = self._create_local(key, data)
@@ -228,7 +166,7 @@ class DirectoryStore:
         """The value, or None when absent (an uncommitted or expired one counts as absent)."""
         self._check_key(key)
         data = self._read(key)
-        return None if data is None else _unframe(data)
+        return None if data is None else unframe(data)
 
     def delete(self, key: str) -> None:
         """Remove ``key``; absent is fine."""
@@ -325,7 +263,7 @@ class DirectoryStore:
 
     def keep_alive(
         self, key: str, value: bytes, ttl_s: float, *, exclusive: bool = False
-    ) -> _Lease:
+    ) -> FileLease:
         """Put ``key`` and refresh it every ``ttl_s / 3`` until the handle's ``stop()``.
 
         After ``stop()`` the key is gone; after the holder's death it reads as absent
@@ -342,7 +280,7 @@ class DirectoryStore:
             held = self.get(key)
             if held is not None:
                 raise KeyHeldError(key, held, self.describe())
-        lease = _Lease(self, key, bytes(value), float(ttl_s))
+        lease = FileLease(self, self._write, key, bytes(value), float(ttl_s))
         with self._leases_lock:
             self._leases = [x for x in self._leases if not x._stopped.is_set()]
             self._leases.append(lease)
@@ -546,26 +484,6 @@ def _split(key: str) -> tuple[str | None, str]:
     if dot <= 0 or dot == len(key) - 1:
         return None, key
     return key[:dot], key[dot + 1 :]
-
-
-def _frame(value: bytes) -> bytes:
-    """A plain value that happens to look like a lease frame is wrapped in one that never
-    expires, so ``get`` unwraps it back to exactly ``value``."""
-    value = bytes(value)
-    if value[: len(_LEASE_MAGIC)] == _LEASE_MAGIC:
-        return _LEASE_HEADER.pack(_LEASE_MAGIC, math.inf) + value
-    return value
-
-
-def _unframe(data: bytes) -> bytes | None:
-    if data[: len(_LEASE_MAGIC)] != _LEASE_MAGIC:
-        return data
-    if len(data) < _LEASE_HEADER.size:
-        return None
-    _, expiry = _LEASE_HEADER.unpack_from(data)
-    if time.time() > expiry:
-        return None
-    return data[_LEASE_HEADER.size :]
 
 
 def _marker(data: bytes) -> bytes:
