@@ -309,9 +309,7 @@ def test_with_a_blob_location_states_never_enter_etcd(etcd, tmp_path):
         assert len([k for k in seen["blobs"] if ".s." in k]) == n + n - 1, seen
         assert not [k for k in seen["etcd"] if ".s." in k], seen
         for a in aggs[1:]:
-            # its state, its ack: both in the directory (where each may first make its
-            # group's subdirectory)
-            assert a.last_round.requests <= 4
+            assert a.last_round.requests == 2  # its state, its ack: both in the directory
     finally:
         for a in aggs:
             a.close()

@@ -223,19 +223,21 @@ class Leader:
         """Delete round ``rid``'s state records and acknowledgements."""
         ctx, keys = self.ctx, self.ctx.keys
         ctx.delete_prefix_quietly(keys.states(rid), [keys.state(rid, r) for r in range(world_size)])
+        self._drop_acks(rid, world_size)
+
+    def _drop_acks(self, rid: str, world_size: int) -> None:
+        """Delete round ``rid``'s acknowledgements."""
+        ctx, keys = self.ctx, self.ctx.keys
         followers = [r for r in range(world_size) if r != LEADER_RANK]
         ctx.delete_prefix_quietly(keys.acks(rid), [keys.ack(rid, r) for r in followers])
 
     def _drop_acks_later(self, rid: str) -> None:
-        """Delete round ``rid``'s acknowledgements on a thread: they are counted and nobody
-        reads them again, and over a directory they are a file each, a thousand at 1,024
-        ranks, which the round need not wait for. Their requests are counted in no round's
-        figures."""
-        ctx, keys = self.ctx, self.ctx.keys
-        followers = [r for r in range(ctx.world_size) if r != LEADER_RANK]
+        """:meth:`_drop_acks` on a thread: the acks are counted and nobody reads them again,
+        and over a directory they are a file each, a thousand at 1,024 ranks, which the
+        round need not wait for. Their requests are counted in no round's figures."""
         self._cleaner = threading.Thread(
-            target=ctx.delete_prefix_quietly,
-            args=(keys.acks(rid), [keys.ack(rid, r) for r in followers]),
+            target=self._drop_acks,
+            args=(rid, self.ctx.world_size),
             name=f"zephon-acks-{rid}",
             daemon=True,
         )

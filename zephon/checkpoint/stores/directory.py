@@ -233,7 +233,7 @@ class DirectoryStore:
         if self._fs is not None:
             return
         for prefix in prefixes:
-            bucket = self._bucket(prefix + "x")
+            bucket = self._prefix_bucket(prefix)
             if bucket is not None:
                 self.counters.add(requests=1)
                 os.makedirs(bucket, exist_ok=True)
@@ -248,7 +248,7 @@ class DirectoryStore:
         if self._fs is None:
             # Each emptied subdirectory goes once (not after every key), and the one of the
             # prefix itself even when it held nothing (made by make_room, never written).
-            buckets = {self._bucket(key) for key in keys} | {self._bucket(prefix + "x")}
+            buckets = {self._bucket(key) for key in keys} | {self._prefix_bucket(prefix)}
             for bucket in buckets - {None}:
                 with contextlib.suppress(OSError):  # not empty (or gone): it stays
                     os.rmdir(bucket)  # type: ignore[arg-type]
@@ -327,6 +327,11 @@ class DirectoryStore:
         """The subdirectory that holds ``key`` (None: the namespace itself)."""
         group, _ = _split(key)
         return None if group is None else self._join(self._base, group + _BUCKET)
+
+    def _prefix_bucket(self, prefix: str) -> str | None:
+        """The subdirectory whose keys are exactly ``prefix`` + a name (None unless the
+        prefix ends with a dot: ``"j.p.s.r1."`` is ``j.p.s.r1~``)."""
+        return self._bucket(prefix + "x") if prefix.endswith(".") else None
 
     def _path(self, key: str) -> str:
         group, file = _split(key)
