@@ -354,6 +354,9 @@ def test_make_room_makes_the_subdirectory_a_round_writes_into(tmp_path):
     assert s.counters.snapshot()["requests"] - before == 1, "no failed write, no mkdir"
     s.delete_prefix("j.p.s.r1.")
     assert os.listdir(tmp_path / "ns") == ["j.p.a.r1~"]  # (empty: removed with a deletion)
-    memory = DirectoryStore(f"memory://zephon-room-{uuid.uuid4().hex}", "ns")
+    name = f"zephon-room-{uuid.uuid4().hex}"
+    memory = DirectoryStore(f"memory://{name}", "ns")
     memory.make_room(["j.p.s.r1."])  # prefixes of object names: nothing to make
-    assert memory.list_keys("") == []
+    fs = fsspec.filesystem("memory")
+    assert fs.ls(f"/{name}/ns", detail=False) == []
+    fs.rm(f"/{name}", recursive=True)
