@@ -2,11 +2,12 @@
 sources' Feistel permutation as ``zephon._permute``, pack's placement as ``zephon._pack``, the
 tracker's count of delivered pieces as ``zephon._track``, the structural check of decoded
 checkpoint states as ``zephon._state`` and a token file's documents copied out as
-``zephon._tokens``.
+``zephon._tokens`` (the one built against numpy's C API: it makes the documents' arrays).
 
 Everything else about the package lives in pyproject.toml.
 """
 
+import numpy
 from setuptools import Extension, setup
 
 setup(
@@ -40,6 +41,7 @@ setup(
         Extension(
             "zephon._tokens",
             sources=["native/tokens_module.c"],
+            include_dirs=[numpy.get_include()],
             extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Werror"],
         ),
     ]

@@ -1,109 +1,169 @@
 /* zephon._tokens: documents copied out of a token file, in C (zephon/sources/token_file.py
  * does the same with numpy where this module is not built).
  *
- * gather_into(src, itemsize, los, his, outs) copies tokens los[k]:his[k] of src (a buffer
- * of little-endian unsigned tokens of itemsize bytes, 2 or 4: the token file as mapped)
- * into outs[k] (a writable, contiguous int32 buffer of exactly his[k] - los[k] items), each
- * token converted as numpy's astype(int32) converts it. One call for a read's documents,
- * with the GIL released while it copies, instead of a numpy conversion per document.
+ * documents(src, itemsize, bounds, indices, key) -> list of {key: int32 array} | None
+ * copies document indices[k] (tokens bounds[i]:bounds[i + 1] of src, a buffer of
+ * little-endian unsigned tokens of itemsize bytes, 2 or 4: the token file as mapped; bounds
+ * the file's N + 1 int64 token offsets) into a new int32 array each, every token converted
+ * as numpy's astype(int32) converts it, and returns them as one-key dicts, as
+ * TokenFileSource.read does. An index that is not an int in [0, N) gives None (no error):
+ * the caller's own check then names it. One call for a read's documents (the arrays are
+ * made with the GIL held, the tokens copied with it released), instead of an array, a
+ * numpy conversion and a dict per document in Python.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+
+#define NPY_NO_DEPRECATED_API NPY_1_23_API_VERSION
+#include <numpy/arrayobject.h>
 
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-PyDoc_STRVAR(gather_into_doc,
-             "gather_into(src, itemsize, los, his, outs, /) -> None\n\n"
-             "Copies tokens los[k]:his[k] of src (a buffer of unsigned tokens of itemsize\n"
-             "bytes, 2 or 4) into outs[k] (a writable contiguous int32 buffer of his[k] - los[k]\n"
-             "items), as astype(int32) converts them. los and his are lists of ints, outs a list\n"
-             "of buffers, all of one length; every span must lie inside src.");
+typedef struct {
+    int32_t *dst;
+    Py_ssize_t lo, n;
+} Copy;
 
-static PyObject *py_gather_into(PyObject *Py_UNUSED(self), PyObject *args) {
-    PyObject *src_obj, *los, *his, *outs;
+/* indices[k] as a document number in [0, docs), or -1 when it is not one (no error set);
+ * -2 with an error set when reading it failed otherwise. */
+static Py_ssize_t document_number(PyObject *index, Py_ssize_t docs) {
+    Py_ssize_t i;
+    if (PyLong_Check(index)) {
+        i = PyLong_AsSsize_t(index);
+    } else {
+        PyObject *as_int = PyNumber_Index(index);
+        if (as_int == NULL) {
+            PyErr_Clear();
+            return -1;
+        }
+        i = PyLong_AsSsize_t(as_int);
+        Py_DECREF(as_int);
+    }
+    if (i == -1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError)) {
+            return -2;
+        }
+        PyErr_Clear();
+        return -1;
+    }
+    return (i < 0 || i >= docs) ? -1 : i;
+}
+
+PyDoc_STRVAR(documents_doc,
+             "documents(src, itemsize, bounds, indices, key, /) -> list[dict] | None\n\n"
+             "Document indices[k] of a token file (tokens bounds[i]:bounds[i + 1] of src, a\n"
+             "buffer of little-endian unsigned tokens of itemsize bytes, 2 or 4; bounds a\n"
+             "buffer of N + 1 int64 offsets) as {key: a new int32 array}, each token\n"
+             "converted as astype(int32) converts it. None when an index is not an int in\n"
+             "[0, N). Raises ValueError for a span outside src.");
+
+static PyObject *py_documents(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *src_obj, *bounds_obj, *indices_obj, *key;
     Py_ssize_t itemsize;
-    if (!PyArg_ParseTuple(args, "OnO!O!O!:gather_into", &src_obj, &itemsize, &PyList_Type, &los,
-                          &PyList_Type, &his, &PyList_Type, &outs)) {
+    if (!PyArg_ParseTuple(args, "OnOOU:documents", &src_obj, &itemsize, &bounds_obj,
+                          &indices_obj, &key)) {
         return NULL;
     }
     if (itemsize != 2 && itemsize != 4) {
         PyErr_Format(PyExc_ValueError, "itemsize must be 2 or 4; got %zd", itemsize);
         return NULL;
     }
-    Py_ssize_t n = PyList_GET_SIZE(outs);
-    if (PyList_GET_SIZE(los) != n || PyList_GET_SIZE(his) != n) {
-        PyErr_SetString(PyExc_ValueError, "los, his and outs must be of one length");
+    PyObject *indices = PySequence_Fast(indices_obj, "indices must be a sequence");
+    if (indices == NULL) {
         return NULL;
     }
-    Py_buffer src;
+    Py_buffer src = {0}, bounds = {0};
+    PyObject *out = NULL, *result = NULL;
+    Copy *copies = NULL;
     if (PyObject_GetBuffer(src_obj, &src, PyBUF_SIMPLE) < 0) {
-        return NULL;
-    }
-    Py_ssize_t tokens = src.len / itemsize;
-    Py_buffer *views = PyMem_Calloc(n ? (size_t)n : 1, sizeof(Py_buffer));
-    Py_ssize_t *starts = PyMem_Calloc(n ? (size_t)n : 1, sizeof(Py_ssize_t));
-    Py_ssize_t held = 0;
-    PyObject *result = NULL;
-    if (views == NULL || starts == NULL) {
-        PyErr_NoMemory();
         goto done;
     }
-    for (Py_ssize_t k = 0; k < n; k++, held++) {
-        Py_ssize_t lo = PyLong_AsSsize_t(PyList_GET_ITEM(los, k));
-        Py_ssize_t hi = PyLong_AsSsize_t(PyList_GET_ITEM(his, k));
-        if ((lo == -1 || hi == -1) && PyErr_Occurred()) {
+    if (PyObject_GetBuffer(bounds_obj, &bounds, PyBUF_SIMPLE) < 0) {
+        goto done;
+    }
+    if (bounds.len % 8 || bounds.len < 8) {
+        PyErr_SetString(PyExc_ValueError, "bounds must hold N + 1 int64 offsets");
+        goto done;
+    }
+    const int64_t *offsets = bounds.buf;
+    Py_ssize_t docs = bounds.len / 8 - 1, tokens = src.len / itemsize;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(indices);
+    PyObject **items = PySequence_Fast_ITEMS(indices);
+    copies = PyMem_Calloc(n ? (size_t)n : 1, sizeof(Copy));
+    out = PyList_New(n);
+    if (copies == NULL || out == NULL) {
+        if (copies == NULL) {
+            PyErr_NoMemory();
+        }
+        goto done;
+    }
+    for (Py_ssize_t k = 0; k < n; k++) {
+        Py_ssize_t i = document_number(items[k], docs);
+        if (i < 0) {
+            if (i == -1) {
+                result = Py_NewRef(Py_None);
+            }
             goto done;
         }
+        int64_t lo = offsets[i], hi = offsets[i + 1];
         if (lo < 0 || hi < lo || hi > tokens) {
-            PyErr_Format(PyExc_ValueError, "span %zd (%zd:%zd) is not inside the %zd tokens", k,
-                         lo, hi, tokens);
+            PyErr_Format(PyExc_ValueError,
+                         "document %zd (tokens %lld:%lld) is not inside the %zd tokens", i,
+                         (long long)lo, (long long)hi, tokens);
             goto done;
         }
-        if (PyObject_GetBuffer(PyList_GET_ITEM(outs, k), &views[k],
-                               PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+        npy_intp dims[1] = {(npy_intp)(hi - lo)};
+        PyObject *array = PyArray_SimpleNew(1, dims, NPY_INT32);
+        if (array == NULL) {
             goto done;
         }
-        if (views[k].itemsize != 4 || views[k].len != (hi - lo) * 4) {
-            PyErr_Format(PyExc_ValueError, "outs[%zd] must be int32 of %zd items", k, hi - lo);
-            held++;  /* release this one too */
+        PyObject *doc = PyDict_New();
+        if (doc == NULL || PyDict_SetItem(doc, key, array) < 0) {
+            Py_XDECREF(doc);
+            Py_DECREF(array);
             goto done;
         }
-        starts[k] = lo;
+        copies[k].dst = PyArray_DATA((PyArrayObject *)array);
+        Py_DECREF(array);  /* the dict holds it */
+        copies[k].lo = (Py_ssize_t)lo;
+        copies[k].n = (Py_ssize_t)(hi - lo);
+        PyList_SET_ITEM(out, k, doc);
     }
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t k = 0; k < n; k++) {
-        int32_t *dst = views[k].buf;
-        Py_ssize_t m = views[k].len / 4;
+        int32_t *dst = copies[k].dst;
+        Py_ssize_t m = copies[k].n;
         if (itemsize == 2) {
-            const uint16_t *from = (const uint16_t *)src.buf + starts[k];
-            for (Py_ssize_t i = 0; i < m; i++) {
-                dst[i] = (int32_t)from[i];
+            const uint16_t *from = (const uint16_t *)src.buf + copies[k].lo;
+            for (Py_ssize_t t = 0; t < m; t++) {
+                dst[t] = (int32_t)from[t];
             }
         } else {
-            const uint32_t *from = (const uint32_t *)src.buf + starts[k];
-            for (Py_ssize_t i = 0; i < m; i++) {
-                dst[i] = (int32_t)from[i];  /* wraps past 2**31 - 1, as astype does */
+            const uint32_t *from = (const uint32_t *)src.buf + copies[k].lo;
+            for (Py_ssize_t t = 0; t < m; t++) {
+                dst[t] = (int32_t)from[t];  /* wraps past 2**31 - 1, as astype does */
             }
         }
     }
     Py_END_ALLOW_THREADS
-    result = Py_NewRef(Py_None);
+    result = Py_NewRef(out);
 done:
-    if (views != NULL) {
-        for (Py_ssize_t k = 0; k < held; k++) {
-            PyBuffer_Release(&views[k]);
-        }
+    Py_XDECREF(out);
+    PyMem_Free(copies);
+    if (bounds.obj) {
+        PyBuffer_Release(&bounds);
     }
-    PyMem_Free(views);
-    PyMem_Free(starts);
-    PyBuffer_Release(&src);
+    if (src.obj) {
+        PyBuffer_Release(&src);
+    }
+    Py_DECREF(indices);
     return result;
 }
 
 static PyMethodDef methods[] = {
-    {"gather_into", py_gather_into, METH_VARARGS, gather_into_doc},
+    {"documents", py_documents, METH_VARARGS, documents_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -115,4 +175,7 @@ static struct PyModuleDef module = {
     .m_methods = methods,
 };
 
-PyMODINIT_FUNC PyInit__tokens(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__tokens(void) {
+    import_array();
+    return PyModule_Create(&module);
+}

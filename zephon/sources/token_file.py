@@ -29,7 +29,7 @@ from zephon.sources.index_cache import FileIndexes, FileReader
 _DTYPES: dict[str, np.dtype[Any]] = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
 # Tokens compared per step when splitting at EOS: bounds the temporary bool array.
 _SCAN_TOKENS = 1 << 24
-# A read's documents copied out of a mapped file in one C call (the files are
+# A read's documents made out of a mapped file in one C call (the files are
 # little-endian: the mapping is read as it is only on a little-endian host).
 _NATIVE = load("_tokens") if sys.byteorder == "little" else None
 
@@ -137,33 +137,34 @@ class TokenFileSource:
 
     def read(self, indices: Sequence[int]) -> list[dict[str, np.ndarray]]:
         """Documents at `indices`, in that order (a URL's as concurrent range reads)."""
-        files, lo, hi = self._spans(indices)
-        los, his = lo.tolist(), hi.tolist()
-        int32 = np.int32
         if len(self._paths) == 1 and not is_url(self._paths[0]):  # one local file
-            return [{"tokens": t} for t in self._copied(0, los, his)]
-        out: list[dict[str, np.ndarray]] = [{} for _ in los]
+            got = self._local(0, indices)
+            if got is not None:
+                return got
+        files, lo, hi = self._spans(indices)  # (names an index that is not one)
+        if len(self._paths) == 1 and not is_url(self._paths[0]):
+            return self._copied(0, lo.tolist(), hi.tolist())
+        out: list[dict[str, np.ndarray]] = [{} for _ in range(len(files))]
         remote: list[int] = []
-        for f in np.unique(files).tolist() if len(self._paths) > 1 else (0,):
-            where: list[int] = (
-                list(range(len(los)))
-                if len(self._paths) == 1
-                else np.flatnonzero(files == f).tolist()
-            )
+        for f in np.unique(files).tolist():
+            where: list[int] = np.flatnonzero(files == f).tolist()
             if is_url(self._paths[f]):
                 remote.extend(where)
                 continue
-            got = self._copied(f, [los[k] for k in where], [his[k] for k in where])
-            for k, t in zip(where, got, strict=True):
-                out[k] = {"tokens": t}
+            local = (np.asarray(indices)[where] - self._file_starts[f]).tolist()
+            got = self._local(f, local)
+            if got is None:
+                got = self._copied(f, lo[where].tolist(), hi[where].tolist())
+            for k, doc in zip(where, got, strict=True):
+                out[k] = doc
         if remote:
             remote.sort()
             size = self._dtype.itemsize
             paths = self._paths
-            ranges = [(paths[files[k]], los[k] * size, his[k] * size) for k in remote]
+            ranges = [(paths[files[k]], int(lo[k]) * size, int(hi[k]) * size) for k in remote]
             raw = read_ranges("TokenFileSource", ranges, self._storage_options, self._timeout_s)
             for k, data in zip(remote, raw, strict=True):
-                out[k] = {"tokens": np.frombuffer(data, self._dtype).astype(int32)}
+                out[k] = {"tokens": np.frombuffer(data, self._dtype).astype(np.int32)}
         return out
 
     def token_offsets(self) -> np.ndarray:
@@ -257,17 +258,27 @@ class TokenFileSource:
             lo[at], hi[at] = bounds[j[at]], bounds[j[at] + 1]
         return files, lo, hi
 
-    def _copied(self, f: int, los: list[int], his: list[int]) -> list[np.ndarray]:
-        """Tokens ``los[k]:his[k]`` of local file ``f``, each its own int32 array (a
-        document must not keep the others of its read alive). In one C call where
-        ``zephon._tokens`` is built: a numpy conversion per document costs twice as much."""
-        tokens = self._mapped(f)
+    def _local(self, f: int, local: Sequence[int]) -> list[dict[str, np.ndarray]] | None:
+        """Documents ``local`` (numbered within local file ``f``), each ``{"tokens": its own
+        int32 array}`` (a document must not keep the others of its read alive), in one C
+        call where ``zephon._tokens`` is built: an array, a conversion and a dict per
+        document in Python cost four times as much. None where it is not built, or where an
+        index is not an int in range (the caller's check names it)."""
         if _NATIVE is None:
-            return [tokens[a:b].astype(np.int32) for a, b in zip(los, his, strict=True)]
-        empty, int32 = np.empty, np.int32
-        out = [empty(b - a, int32) for a, b in zip(los, his, strict=True)]
-        _NATIVE.gather_into(tokens, tokens.itemsize, los, his, out)
-        return out
+            return None
+        bounds = self._bounds(f)
+        if bounds.dtype != np.int64:  # (an index cache always holds int64)
+            return None
+        tokens = self._mapped(f)
+        got: list[dict[str, np.ndarray]] | None = _NATIVE.documents(
+            tokens, tokens.itemsize, bounds, local, "tokens"
+        )
+        return got
+
+    def _copied(self, f: int, los: list[int], his: list[int]) -> list[dict[str, np.ndarray]]:
+        """:meth:`_local` in numpy: tokens ``los[k]:his[k]`` of local file ``f``."""
+        tokens = self._mapped(f)
+        return [{"tokens": tokens[a:b].astype(np.int32)} for a, b in zip(los, his, strict=True)]
 
     def _mapped(self, f: int) -> np.ndarray:
         tokens = self._tokens[f]

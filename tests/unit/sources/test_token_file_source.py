@@ -174,19 +174,27 @@ def test_the_c_copy_refuses_what_does_not_fit():
     native = token_file._NATIVE
     assert native is not None, "zephon._tokens is not built (native tests need it)"
     src = np.arange(10, dtype=np.uint16)
-    out = [np.empty(3, np.int32)]
+    bounds = np.array([0, 3, 3, 10], np.int64)
     with pytest.raises(ValueError, match="itemsize must be 2 or 4; got 8"):
-        native.gather_into(src, 8, [0], [3], out)
-    with pytest.raises(ValueError, match="one length"):
-        native.gather_into(src, 2, [0, 1], [3], out)
-    with pytest.raises(ValueError, match=r"span 0 \(8:11\) is not inside the 10 tokens"):
-        native.gather_into(src, 2, [8], [11], out)
-    with pytest.raises(ValueError, match=r"span 0 \(3:2\)"):
-        native.gather_into(src, 2, [3], [2], out)
-    with pytest.raises(ValueError, match=r"outs\[0\] must be int32 of 4 items"):
-        native.gather_into(src, 2, [0], [4], out)
-    with pytest.raises(ValueError, match=r"outs\[1\] must be int32"):
-        native.gather_into(src, 2, [0, 0], [3, 3], [out[0], np.empty(3, np.int64)])
-    native.gather_into(src, 2, [2], [5], out)
-    assert out[0].tolist() == [2, 3, 4]
-    native.gather_into(src, 2, [], [], [])
+        native.documents(src, 8, bounds, [0], "tokens")
+    with pytest.raises(ValueError, match="N \\+ 1 int64 offsets"):
+        native.documents(src, 2, bounds.astype(np.int32)[:3], [0], "tokens")
+    with pytest.raises(ValueError, match=r"document 1 \(tokens 8:11\) is not inside the 10 tokens"):
+        native.documents(src, 2, np.array([0, 8, 11], np.int64), [0, 1], "tokens")
+    with pytest.raises(ValueError, match=r"document 0 \(tokens 3:2\)"):
+        native.documents(src, 2, np.array([3, 2], np.int64), [0], "tokens")
+    with pytest.raises(TypeError, match="indices must be a sequence"):
+        native.documents(src, 2, bounds, 3, "tokens")
+    # Not a document number: None, and the source's own check names it.
+    for bad in (-1, 3, 2**70, 1.5, "0"):
+        assert native.documents(src, 2, bounds, [0, bad], "tokens") is None
+    got = native.documents(src, 2, bounds, [2, np.int64(0), 1, 2], "tokens")
+    assert [list(d) for d in got] == [["tokens"]] * 4
+    assert [d["tokens"].tolist() for d in got] == [
+        list(range(3, 10)),
+        [0, 1, 2],
+        [],
+        list(range(3, 10)),
+    ]
+    assert got[0]["tokens"] is not got[3]["tokens"]
+    assert native.documents(src, 2, bounds, [], "tokens") == []
