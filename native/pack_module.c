@@ -33,6 +33,10 @@
  * another, their per-component token counts summed, and their arrays, lengths and counts as
  * tuples.
  *
+ * split_pieces(piece, contributor, ndarray, datas, contribs, mixes, key, max_len): the fused
+ * split -> pack stage's pieces of pre-tokenized samples (zephon/stages/split_pack.py's
+ * _Pieces is the same in Python), or None where a sample is off that common path.
+ *
  * What a bin holds from one emptying to the next is an instance, numbered s * num_bins + b
  * for the s-th filling of bin b in this call (s = 0: what it held when the call began).
  * instance[k] (int64) is the one piece k goes to (its first tokens, when it is cut; the
@@ -560,11 +564,203 @@ fail:
     return NULL;
 }
 
+/* A new instance of tuple type `type` holding the n items (new references stolen). */
+static PyObject *new_tuple_of(PyTypeObject *type, PyObject **items, Py_ssize_t n) {
+    PyObject *t = type->tp_alloc(type, n);
+    if (t == NULL) {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            Py_XDECREF(items[i]);
+        }
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (items[i] == NULL) {
+            Py_DECREF(t);
+            for (Py_ssize_t j = i + 1; j < n; j++) {
+                Py_XDECREF(items[j]);
+            }
+            return NULL;
+        }
+        PyTuple_SET_ITEM(t, i, items[i]);
+    }
+    return t;
+}
+
+static int tuple_type_ok(PyTypeObject *type) {
+    return PyType_IsSubtype(type, &PyTuple_Type) && type->tp_itemsize == sizeof(PyObject *) &&
+           type->tp_dictoffset == 0;
+}
+
+/* The length of ids where it is exactly of type ndarray and 1-D; -1 (no error) otherwise. */
+static Py_ssize_t one_d_length(PyObject *ids, PyObject *ndarray) {
+    if ((PyObject *)Py_TYPE(ids) != ndarray) {
+        return -1;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(ids, &view, PyBUF_STRIDES) < 0) {
+        PyErr_Clear();
+        return -1;
+    }
+    Py_ssize_t n = view.ndim == 1 ? view.shape[0] : -1;
+    PyBuffer_Release(&view);
+    return n;
+}
+
+/* Whether contributors `whole` (a tuple or list) is one whole sample: one contributor whose
+ * child is 0 and whose last flag equals True. -1 on error. */
+static int one_whole_sample(PyObject *whole) {
+    if (!PyTuple_Check(whole) && !PyList_Check(whole)) {
+        return 0;
+    }
+    if (PySequence_Fast_GET_SIZE(whole) != 1) {
+        return 0;
+    }
+    PyObject *c = PySequence_Fast_ITEMS(whole)[0];
+    if (!PyTuple_Check(c) || PyTuple_GET_SIZE(c) != 4) {
+        return 0;
+    }
+    PyObject *child = PyTuple_GET_ITEM(c, 2);
+    if (!PyLong_Check(child) || PyLong_AsLong(child) != 0) {
+        if (PyErr_Occurred()) {
+            PyErr_Clear();
+        }
+        return 0;
+    }
+    return PyObject_RichCompareBool(PyTuple_GET_ITEM(c, 3), Py_True, Py_EQ);
+}
+
+PyDoc_STRVAR(split_pieces_doc,
+             "split_pieces(piece, contributor, ndarray, datas, contribs, mixes, key, max_len, /)\n"
+             "-> list | None\n\n"
+             "The fused split -> pack stage's pieces of pre-tokenized samples (_Pieces in\n"
+             "zephon/stages/split_pack.py is the same in Python): sample k is datas[k][key], a\n"
+             "1-D array of type exactly ndarray, with contributors contribs[k] and mix\n"
+             "mixes[k]. Up to max_len tokens it is one piece(contribs[k], mixes[k], (array,),\n"
+             "n); longer, it must be one whole sample of one component, and is cut every\n"
+             "max_len tokens into pieces ((contributor(chunk, offset, j, j == last),),\n"
+             "{component: tokens}, (array[lo:hi],), tokens). None (no error) where a sample is\n"
+             "not one of those: the Python code then says what is wrong.");
+
+static PyObject *py_split_pieces(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyTypeObject *piece_type, *contrib_type;
+    PyObject *ndarray, *datas, *contribs, *mixes, *key;
+    Py_ssize_t max_len;
+    if (!PyArg_ParseTuple(args, "O!O!OO!OO!On:split_pieces", &PyType_Type, &piece_type,
+                          &PyType_Type, &contrib_type, &ndarray, &PyList_Type, &datas, &contribs,
+                          &PyList_Type, &mixes, &key, &max_len)) {
+        return NULL;
+    }
+    if (!tuple_type_ok(piece_type) || !tuple_type_ok(contrib_type) || max_len < 1) {
+        PyErr_SetString(PyExc_ValueError,
+                        "split_pieces takes tuple types without a __dict__ and max_len >= 1");
+        return NULL;
+    }
+    PyObject *fast = PySequence_Fast(contribs, "contribs must be a sequence");
+    if (fast == NULL) {
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(datas);
+    if (PySequence_Fast_GET_SIZE(fast) != n || PyList_GET_SIZE(mixes) != n) {
+        Py_DECREF(fast);
+        PyErr_SetString(PyExc_ValueError, "datas, contribs and mixes must be of one length");
+        return NULL;
+    }
+    PyObject **wholes = PySequence_Fast_ITEMS(fast);
+    PyObject *out = PyList_New(0);
+    if (out == NULL) {
+        Py_DECREF(fast);
+        return NULL;
+    }
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *data = PyList_GET_ITEM(datas, k);
+        if (!PyDict_CheckExact(data)) {
+            goto off_path;
+        }
+        PyObject *ids = PyDict_GetItemWithError(data, key); /* borrowed */
+        if (ids == NULL) {
+            if (PyErr_Occurred()) {
+                goto fail;
+            }
+            goto off_path;
+        }
+        Py_ssize_t len = one_d_length(ids, ndarray);
+        if (len < 0) {
+            goto off_path;
+        }
+        PyObject *whole = wholes[k], *mix = PyList_GET_ITEM(mixes, k);
+        if (len <= max_len) {
+            PyObject *arrays = PyTuple_Pack(1, ids);
+            PyObject *items[4] = {Py_NewRef(whole), Py_NewRef(mix), arrays, PyLong_FromSsize_t(len)};
+            PyObject *piece = new_tuple_of(piece_type, items, 4);
+            if (piece == NULL || PyList_Append(out, piece) < 0) {
+                Py_XDECREF(piece);
+                goto fail;
+            }
+            Py_DECREF(piece);
+            continue;
+        }
+        int ok = one_whole_sample(whole);
+        if (ok < 0) {
+            goto fail;
+        }
+        if (!ok || !PyDict_Check(mix) || PyDict_GET_SIZE(mix) != 1) {
+            goto off_path;
+        }
+        Py_ssize_t pos = 0;
+        PyObject *component, *weight;
+        PyDict_Next(mix, &pos, &component, &weight);
+        PyObject *c0 = PySequence_Fast_ITEMS(whole)[0];
+        PyObject *chunk_id = PyTuple_GET_ITEM(c0, 0), *offset = PyTuple_GET_ITEM(c0, 1);
+        Py_ssize_t pieces = (len + max_len - 1) / max_len;
+        for (Py_ssize_t j = 0; j < pieces; j++) {
+            Py_ssize_t lo = j * max_len, hi = lo + max_len < len ? lo + max_len : len;
+            PyObject *citems[4] = {Py_NewRef(chunk_id), Py_NewRef(offset), PyLong_FromSsize_t(j),
+                                   PyBool_FromLong(j == pieces - 1)};
+            PyObject *contributor = new_tuple_of(contrib_type, citems, 4);
+            PyObject *one = contributor ? PyTuple_Pack(1, contributor) : NULL;
+            Py_XDECREF(contributor);
+            PyObject *tokens = PyLong_FromSsize_t(hi - lo);
+            PyObject *part_mix = tokens ? PyDict_New() : NULL;
+            if (part_mix != NULL && PyDict_SetItem(part_mix, component, tokens) < 0) {
+                Py_CLEAR(part_mix);
+            }
+            PyObject *part = PySequence_GetSlice(ids, lo, hi);
+            PyObject *arrays = part ? PyTuple_Pack(1, part) : NULL;
+            Py_XDECREF(part);
+            PyObject *items[4] = {one, part_mix, arrays, tokens};
+            if (one == NULL || part_mix == NULL || arrays == NULL || tokens == NULL) {
+                Py_XDECREF(one);
+                Py_XDECREF(part_mix);
+                Py_XDECREF(arrays);
+                Py_XDECREF(tokens);
+                goto fail;
+            }
+            PyObject *piece = new_tuple_of(piece_type, items, 4);
+            if (piece == NULL || PyList_Append(out, piece) < 0) {
+                Py_XDECREF(piece);
+                goto fail;
+            }
+            Py_DECREF(piece);
+        }
+    }
+    Py_DECREF(fast);
+    return out;
+off_path:
+    Py_DECREF(fast);
+    Py_DECREF(out);
+    Py_RETURN_NONE;
+fail:
+    Py_DECREF(fast);
+    Py_DECREF(out);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"place_into", py_place_into, METH_VARARGS, place_into_doc},
     {"assemble_rows", py_assemble_rows, METH_VARARGS, assemble_rows_doc},
     {"row_formats", py_row_formats, METH_VARARGS, row_formats_doc},
     {"row_parts", py_row_parts, METH_O, row_parts_doc},
+    {"split_pieces", py_split_pieces, METH_VARARGS, split_pieces_doc},
     {NULL, NULL, 0, NULL},
 };
 

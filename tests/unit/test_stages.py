@@ -335,3 +335,149 @@ def test_read_ahead_only_over_object_storage_and_same_samples() -> None:
         records, _ = head.read(chunk).take(4)
         assert [r.data for r in records] == [30, 40, 50, 60]
         assert any(t.startswith("zephon-read") for t in ds.threads) is ahead
+
+
+# ------------------------------------------------------------------ pre-tokenized samples
+
+
+def _pre_tokenized(lengths: list[int], seed: int = 0) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    return [{"tokens": rng.integers(0, 1000, n, dtype=np.int32)} for n in lengths]
+
+
+def _python_pieces(stage: SplitPack, datas: list, contribs: list, mixes: list) -> list:
+    from zephon.stages import split_pack
+
+    saved, split_pack._NATIVE = split_pack._NATIVE, None
+    try:
+        return split_pack._Pieces(stage, 0, datas, contribs, mixes, None, None, datas, False).pieces
+    finally:
+        split_pack._NATIVE = saved
+
+
+def _same_pieces(a: list, b: list) -> bool:
+    return len(a) == len(b) and all(
+        type(p) is type(q)
+        and list(p.contributors) == list(q.contributors)
+        and all(type(c) is Contributor for c in p.contributors)
+        and p.component_tokens == q.component_tokens
+        and p.length == q.length
+        and len(p.arrays) == len(q.arrays) == 1
+        and p.arrays[0].dtype == q.arrays[0].dtype
+        and np.array_equal(p.arrays[0], q.arrays[0])
+        for p, q in zip(a, b, strict=True)
+    )
+
+
+@pytest.mark.native
+def test_pre_tokenized_pieces_made_in_c_are_the_python_ones() -> None:
+    from zephon.records import whole_samples
+    from zephon.stages import split_pack
+
+    assert split_pack._NATIVE is not None, "zephon._pack is not built (native tests need it)"
+    max_len = 8
+    stage = SplitPack(None, Split(max_len), Pack(8, 2))
+    lengths = [0, 1, 7, 8, 9, 16, 17, 24, 25, 3]
+    datas = _pre_tokenized(lengths)
+    datas[2] = {"tokens": np.arange(14, dtype=np.uint16)[::2], "other": 1}  # strided, 7 long
+    datas[5] = {"tokens": np.arange(16, dtype=np.int64)}
+    mixes = [{k % 2: 1} for k in range(len(datas))]
+    for contribs in (
+        whole_samples(4, 10, 10 + len(datas)),
+        [[c] for (c,) in whole_samples(4, 0, 10)],
+    ):
+        got = split_pack._NATIVE.split_pieces(
+            split_pack.Piece, Contributor, np.ndarray, datas, contribs, mixes, "tokens", max_len
+        )
+        assert got is not None
+        assert _same_pieces(got, _python_pieces(stage, datas, contribs, mixes))
+        assert [p.length for p in got] == [0, 1, 7, 8, 8, 1, 8, 8, 8, 8, 1, 8, 8, 8, 8, 8, 8, 1, 3]
+        cut = [
+            tuple(c) for p in got for c in p.contributors if c.chunk_id == 4 and c.offset % 10 == 8
+        ]
+        assert cut == [(4, contribs[8][0].offset, j, j == 3) for j in range(4)]
+        assert got[0].component_tokens is mixes[0]  # a whole sample keeps its mix
+        assert [p.component_tokens for p in got if p.contributors[0].offset % 10 == 4] == [
+            {0: 8},
+            {0: 1},
+        ]
+
+
+@pytest.mark.native
+@pytest.mark.parametrize(
+    "odd",
+    [
+        "not a dict",
+        {"text": np.zeros(3, np.int32)},
+        {"tokens": [1, 2, 3]},
+        {"tokens": np.zeros((2, 2), np.int32)},
+        {"tokens": np.zeros(3, np.int32).view(np.memmap)},
+    ],
+    ids=["str", "no-tokens", "list", "2-d", "subclass"],
+)
+def test_pre_tokenized_pieces_leave_the_c_path_for_anything_else(odd: Any) -> None:
+    from zephon.records import whole_samples
+    from zephon.stages import split_pack
+
+    datas = [*_pre_tokenized([3]), odd]
+    got = split_pack._NATIVE.split_pieces(
+        split_pack.Piece, Contributor, np.ndarray, datas, whole_samples(0, 0, 2), [{0: 1}] * 2,
+        "tokens", 8,
+    )  # fmt: skip
+    assert got is None
+
+
+@pytest.mark.native
+def test_pre_tokenized_long_samples_that_are_not_one_whole_sample_leave_the_c_path() -> None:
+    from zephon.stages import split_pack
+
+    native = split_pack._NATIVE
+    datas = _pre_tokenized([12])
+    piece = [[Contributor(0, 0, 1, False)]]  # already a piece of a sample
+    two = [[Contributor(0, 0, 0, True), Contributor(0, 1, 0, True)]]
+    for contribs, mixes in (
+        (piece, [{0: 1}]),
+        (two, [{0: 1}]),
+        ([[Contributor(0, 0, 0, True)]], [{0: 1, 1: 1}]),
+    ):
+        assert (
+            native.split_pieces(
+                split_pack.Piece, Contributor, np.ndarray, datas, contribs, mixes, "tokens", 8
+            )
+            is None
+        )
+    stage = SplitPack(None, Split(8), Pack(8, 2))
+    with pytest.raises(ContractViolation, match="split whole samples once"):
+        stage.process_batch([Record(datas[0], 0, piece[0], {0: 1})])
+    with pytest.raises(ValueError, match="one length"):
+        native.split_pieces(split_pack.Piece, Contributor, np.ndarray, datas, [], [], "tokens", 8)
+
+
+def _token_pipeline(path: Any, fused: bool) -> Any:
+    src = zp.StaticMixtureWorkSource(
+        [zp.TokenFileSource(path, eos_id=1)], seed=3, chunk_size=16, num_epochs=1
+    )
+    pipe = zp.Pipeline(src, canonical_replicas=2, flush_every_k_chunks=2, prefetch=0).fetch()
+    pipe = pipe.split(64)
+    if not fused:
+        pipe = pipe.map(_keep)
+    return pipe.pack(64, 3).batch(2)
+
+
+def test_pre_tokenized_fused_stage_gives_the_operators_batches_and_resumes_exactly(
+    tmp_path,
+) -> None:
+    rng = np.random.default_rng(5)
+    lengths = np.minimum(rng.lognormal(3.0, 1.2, 300).astype(np.int64) + 1, 400)
+    tokens = rng.integers(2, 500, int(lengths.sum()), dtype=np.uint16)
+    tokens[np.cumsum(lengths) - 1] = 1
+    path = tmp_path / "t.bin"
+    tokens.tofile(path)
+    with _token_pipeline(path, True) as p:
+        assert "split+pack@p1" in p.explain()
+        fused = take(p, 10_000)
+    with _token_pipeline(path, False) as p:
+        plain = take(p, 10_000)
+    assert len(fused) == len(plain) > 50
+    assert all(batches_equal(a, b) for a, b in zip(plain, fused, strict=True))
+    assert_resumes_exactly(lambda: _token_pipeline(path, True))

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from zephon._native import load
 from zephon.chunks import WorkChunk
 from zephon.operators.assembly import Piece
 from zephon.operators.base import OpStats, OpTraits, Output
@@ -37,6 +38,8 @@ from zephon.records import Contributor, FlushSentinel, Record, whole_samples
 from zephon.stages.base import ReplayView
 
 _INT32 = np.dtype(np.int32)
+#: ``zephon._pack.split_pieces``: a pre-tokenized run's pieces in one call, where it is built.
+_NATIVE = load("_pack")
 #: Samples a replay tokenizes at once when a bin of pieces placed by length is assembled.
 FIRST_BATCH = 8
 
@@ -225,7 +228,7 @@ class SplitPack:
         lazy, keep = False, True
         texts = datas
         if tok is None:
-            arrays: list[Any] = [d.get("tokens") if type(d) is dict else None for d in datas]
+            arrays: list[Any] | None = None  # (the samples' "tokens": _Pieces reads them)
         else:
             texts = tok.texts(datas)
             replaying = self.replay is not None and self.replay.replaying(lane)
@@ -313,18 +316,30 @@ class _Pieces:
         contribs: Sequence[Sequence[Contributor]],
         mixes: list[dict[int, int]],
         records: list[Record] | None,
-        arrays: list[Any],
+        arrays: list[Any] | None,
         texts: list[Any],
         lazy: bool,
         keep: bool = True,
     ) -> None:
         self.stage, self.lane, self.datas, self.records = stage, lane, datas, records
         self.contribs, self.mixes, self.texts, self.lazy = contribs, mixes, texts, lazy
-        self.pieces: list[Piece] = []
-        pieces = self.pieces
-        tokenized = stage.tokenize is not None
-        docs = _Docs(texts, arrays, stage.tokenize, keep) if lazy else None  # type: ignore[arg-type]
         max_len, cap = stage.split.max_len, stage.pack.seq_len
+        tokenized = stage.tokenize is not None
+        if arrays is None:  # pre-tokenized: the samples' own arrays
+            got = (
+                _NATIVE.split_pieces(
+                    Piece, Contributor, np.ndarray, datas, contribs, mixes, "tokens", max_len
+                )
+                if _NATIVE is not None and type(datas) is list and type(mixes) is list
+                else None
+            )
+            if got is not None:  # the common path below, in one C call
+                self.pieces = got
+                return
+            arrays = [d.get("tokens") if type(d) is dict else None for d in datas]
+        self.pieces = []
+        pieces = self.pieces
+        docs = _Docs(texts, arrays, stage.tokenize, keep) if lazy else None  # type: ignore[arg-type]
         ndarray = np.ndarray
         new = tuple.__new__
         for k, ids in enumerate(arrays):
