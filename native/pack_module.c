@@ -307,19 +307,31 @@ static Py_ssize_t assemble_row(PyObject *pieces, Py_ssize_t column, char *dst, P
         PyBuffer_Release(&part);
         if (m > 0) {
             id++;
-            for (Py_ssize_t i = 0; i < m; i++) {
-                if (segs) {
-                    segs[total + i] = id;
+            if (segs) {
+                int32_t *to = segs + total;
+                for (Py_ssize_t i = 0; i < m; i++) {
+                    to[i] = id;
                 }
-                if (poss) {
-                    poss[total + i] = (int32_t)i;
+            }
+            if (poss) {
+                int32_t *to = poss + total;
+                for (Py_ssize_t i = 0; i < m; i++) {
+                    to[i] = (int32_t)i;
                 }
             }
         }
         total += m;
     }
-    for (Py_ssize_t i = total; i < cap; i++) {
-        memcpy(dst + i * item, pad, (size_t)item);
+    int zero = 1;
+    for (Py_ssize_t b = 0; b < item; b++) {
+        zero &= pad[b] == 0;
+    }
+    if (zero) {
+        memset(dst + total * item, 0, (size_t)((cap - total) * item));
+    } else {
+        for (Py_ssize_t i = total; i < cap; i++) {
+            memcpy(dst + i * item, pad, (size_t)item);
+        }
     }
     if (segs) {
         memset(segs + total, 0, (size_t)(cap - total) * 4);

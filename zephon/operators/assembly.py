@@ -119,6 +119,7 @@ class RowAssembler:
         "_component_pad",
         "_checked",
         "_pad_items",
+        "_layouts",
     )
 
     def __init__(
@@ -172,6 +173,8 @@ class RowAssembler:
         self._component_pad = pads.get(component_feature, 0) if component_feature else 0
         self._checked: set[tuple[int, np.dtype]] = set()  # (column, dtype) whose pads fit
         self._pad_items: dict[tuple[int, np.dtype], bytes] = {}  # their bytes, for C
+        #: buffer formats of the pieces' columns -> (row layout, batch layout)
+        self._layouts: dict[tuple[str, ...], tuple[list[Any], list[Any]]] = {}
 
     def _buffer(self, column: int, name: str, dtype: np.dtype, pad: Any) -> np.ndarray:
         """A row of ``dtype`` filled with ``pad`` (checked to fit ``dtype`` exactly)."""
@@ -263,11 +266,8 @@ class RowAssembler:
         """The features of the rows of ``records`` (each ``seq_len`` long), in order, with
         their dtypes, where C writes them into a batch's arrays (:meth:`write_rows`); None
         where it does not (see :meth:`_layout`)."""
-        layout = self._layout([r._arrays for r in records])
-        if layout is None:
-            return None
-        shape = (self.seq_len,)
-        return [(name, shape, dtype) for name, dtype in layout]
+        got = self._layouts_of([r._arrays for r in records])
+        return None if got is None else got[1]
 
     def _layout(self, rows: list[Sequence[Any]]) -> list[tuple[str, np.dtype]] | None:
         """The features of ``rows`` (each its pieces' arrays) with their dtypes, where C
@@ -276,6 +276,12 @@ class RowAssembler:
         dtype per column (``zephon._pack.row_formats`` checks them all in one call). A piece
         placed by length (its arrays not a tuple: the fused stage's, on ``"tokens"`` alone)
         makes int32 tokens, 1-D and contiguous, when it is written: it is not read here."""
+        got = self._layouts_of(rows)
+        return None if got is None else got[0]
+
+    def _layouts_of(self, rows: list[Sequence[Any]]) -> tuple[list[Any], list[Any]] | None:
+        """:meth:`_layout` and :meth:`batch_layout` of ``rows``, made once per set of
+        buffer formats the pieces have."""
         native = _NATIVE
         if native is None or self._n_arrays != len(self.columns) or self.bos_id is not None:
             return None
@@ -284,6 +290,9 @@ class RowAssembler:
         formats = native.row_formats(rows, len(self.columns), np.ndarray, _INT32_FORMAT)
         if formats is None:
             return None
+        known = self._layouts.get(formats)
+        if known is not None:
+            return known
         first = next((p for row in rows for p in row if type(p) is tuple), None)
         layout = []
         n_features = len(self.features)
@@ -291,7 +300,9 @@ class RowAssembler:
             layout.append((name, _INT32 if first is None else first[j].dtype))
             if j < n_features:
                 layout += [(name + "_segment_ids", _INT32), (name + "_positions", _INT32)]
-        return layout
+        shape = (self.seq_len,)
+        known = self._layouts[formats] = (layout, [(n, shape, dtype) for n, dtype in layout])
+        return known
 
     def write_rows(self, records: Sequence[PackedRow], out: dict[str, np.ndarray]) -> None:
         """Writes the rows of ``records`` (whose :meth:`batch_layout` is ``out``'s) into

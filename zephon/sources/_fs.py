@@ -61,7 +61,11 @@ _TRANSIENT_ERRNOS = {errno.ECONNRESET, errno.ECONNREFUSED, errno.ETIMEDOUT, errn
 
 _retries_lock = threading.Lock()
 _retries_total = 0
-_local = threading.local()
+class _ThreadRetries(threading.local):
+    retries = 0  # (a class default: no AttributeError raised and caught on every read)
+
+
+_local = _ThreadRetries()
 
 
 def io_retries() -> int:
@@ -72,14 +76,14 @@ def io_retries() -> int:
 def thread_io_retries() -> int:
     """Reads retried after a transient failure, on this thread (the fetch operator counts
     the difference around each read, per lane)."""
-    return getattr(_local, "retries", 0)
+    return _local.retries
 
 
 def _count_retry() -> None:
     global _retries_total
     with _retries_lock:
         _retries_total += 1
-    _local.retries = getattr(_local, "retries", 0) + 1
+    _local.retries += 1
 
 
 def normalize_paths(owner: str, paths: PathsArg) -> list[str]:
