@@ -61,6 +61,8 @@ _TRANSIENT_ERRNOS = {errno.ECONNRESET, errno.ECONNREFUSED, errno.ETIMEDOUT, errn
 
 _retries_lock = threading.Lock()
 _retries_total = 0
+
+
 class _ThreadRetries(threading.local):
     retries = 0  # (a class default: no AttributeError raised and caught on every read)
 
