@@ -37,6 +37,10 @@
  * split -> pack stage's pieces of pre-tokenized samples (zephon/stages/split_pack.py's
  * _Pieces is the same in Python), or None where a sample is off that common path.
  *
+ * bin_rows(pieces, instance, emitted, opened, held) -> (rows, new): pack's bookkeeping
+ * around place_into (bin_rows in zephon/operators/pack.py is the same in Python): the
+ * pieces of each emptied instance, and each bin's pieces at the end (held, updated).
+ *
  * What a bin holds from one emptying to the next is an instance, numbered s * num_bins + b
  * for the s-th filling of bin b in this call (s = 0: what it held when the call began).
  * instance[k] (int64) is the one piece k goes to (its first tokens, when it is cut; the
@@ -767,12 +771,162 @@ fail:
     return NULL;
 }
 
+/* n int64s of buffer obj into view (1), or -1 (raised). */
+static int int64s(PyObject *obj, Py_buffer *view, const char *name) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS) < 0) {
+        return -1;
+    }
+    if (view->itemsize != 8 || view->len % 8) {
+        PyBuffer_Release(view);
+        PyErr_Format(PyExc_ValueError, "%s must be int64", name);
+        return -1;
+    }
+    return 1;
+}
+
+/* a + b as a new list (either may be NULL: empty). */
+static PyObject *joined(PyObject *a, PyObject *b) {
+    if (a != NULL && b != NULL) {
+        return PySequence_Concat(a, b);
+    }
+    if (a == NULL && b == NULL) {
+        return PyList_New(0);
+    }
+    return Py_NewRef(a != NULL ? a : b);
+}
+
+PyDoc_STRVAR(bin_rows_doc,
+             "bin_rows(pieces, instance, emitted, opened, held, /) -> (rows, new)\n\n"
+             "Pack's bookkeeping around place_into (bin_rows in zephon/operators/pack.py is the\n"
+             "same in Python). pieces[k] went to instance[k]; held[b] is the list of pieces bin\n"
+             "b held when the call began (its instance b). rows: for each instance of emitted,\n"
+             "the pieces it held (what it held before, then this call's, in order). held is\n"
+             "updated in place: bin b ends with instance opened[b] * len(held) + b (its pieces\n"
+             "before the call, only if opened[b] is 0, then this call's). new: the bins' lists\n"
+             "that this call's pieces went into.");
+
+static PyObject *py_bin_rows(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *pieces, *instance_obj, *emitted_obj, *opened_obj, *held;
+    if (!PyArg_ParseTuple(args, "O!OOOO!:bin_rows", &PyList_Type, &pieces, &instance_obj,
+                          &emitted_obj, &opened_obj, &PyList_Type, &held)) {
+        return NULL;
+    }
+    Py_buffer instance = {0}, emitted = {0}, opened = {0};
+    PyObject *placed = NULL, *rows = NULL, *news = NULL, *result = NULL;
+    if (int64s(instance_obj, &instance, "instance") < 0) {
+        return NULL;
+    }
+    if (int64s(emitted_obj, &emitted, "emitted") < 0) {
+        goto done;
+    }
+    if (int64s(opened_obj, &opened, "opened") < 0) {
+        goto done;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(pieces), num_bins = PyList_GET_SIZE(held);
+    if (instance.len / 8 != n || opened.len / 8 != num_bins) {
+        PyErr_SetString(PyExc_ValueError, "one instance per piece and one opened per bin");
+        goto done;
+    }
+    for (Py_ssize_t b = 0; b < num_bins; b++) {
+        if (!PyList_Check(PyList_GET_ITEM(held, b))) {
+            PyErr_SetString(PyExc_TypeError, "held must be a list of lists");
+            goto done;
+        }
+    }
+    const int64_t *inst = instance.buf, *emit = emitted.buf, *open = opened.buf;
+    placed = PyDict_New();
+    rows = PyList_New(emitted.len / 8);
+    news = PyList_New(0);
+    if (placed == NULL || rows == NULL || news == NULL) {
+        goto done;
+    }
+    PyObject *last_key = NULL, *last_list = NULL; /* runs of one instance: no lookup */
+    int64_t last = -1;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        if (last_list == NULL || inst[k] != last) {
+            last = inst[k];
+            last_key = PyLong_FromLongLong(last);
+            if (last_key == NULL) {
+                goto done;
+            }
+            last_list = PyDict_GetItemWithError(placed, last_key); /* borrowed */
+            if (last_list == NULL) {
+                if (PyErr_Occurred() || (last_list = PyList_New(0)) == NULL ||
+                    PyDict_SetItem(placed, last_key, last_list) < 0) {
+                    Py_XDECREF(last_list);
+                    Py_DECREF(last_key);
+                    goto done;
+                }
+                Py_DECREF(last_list); /* the dict holds it */
+            }
+            Py_DECREF(last_key);
+        }
+        if (PyList_Append(last_list, PyList_GET_ITEM(pieces, k)) < 0) {
+            goto done;
+        }
+    }
+    for (Py_ssize_t r = 0; r < emitted.len / 8; r++) {
+        int64_t key = emit[r];
+        PyObject *k = PyLong_FromLongLong(key);
+        if (k == NULL) {
+            goto done;
+        }
+        PyObject *fresh = PyDict_GetItemWithError(placed, k); /* borrowed */
+        Py_DECREF(k);
+        if (fresh == NULL && PyErr_Occurred()) {
+            goto done;
+        }
+        PyObject *old = key >= 0 && key < num_bins ? PyList_GET_ITEM(held, key) : NULL;
+        PyObject *row = joined(old, fresh);
+        if (row == NULL) {
+            goto done;
+        }
+        PyList_SET_ITEM(rows, r, row);
+    }
+    for (Py_ssize_t b = 0; b < num_bins; b++) {
+        PyObject *k = PyLong_FromLongLong(open[b] * num_bins + b);
+        if (k == NULL) {
+            goto done;
+        }
+        PyObject *fresh = PyDict_GetItemWithError(placed, k); /* borrowed */
+        Py_DECREF(k);
+        if (fresh == NULL && PyErr_Occurred()) {
+            goto done;
+        }
+        PyObject *kept = joined(open[b] == 0 ? PyList_GET_ITEM(held, b) : NULL, fresh);
+        if (kept == NULL) {
+            goto done;
+        }
+        if (fresh != NULL && PyList_Append(news, kept) < 0) {
+            Py_DECREF(kept);
+            goto done;
+        }
+        PyList_SetItem(held, b, kept); /* steals kept */
+    }
+    result = PyTuple_Pack(2, rows, news);
+done:
+    Py_XDECREF(placed);
+    Py_XDECREF(rows);
+    Py_XDECREF(news);
+    if (instance.obj) {
+        PyBuffer_Release(&instance);
+    }
+    if (emitted.obj) {
+        PyBuffer_Release(&emitted);
+    }
+    if (opened.obj) {
+        PyBuffer_Release(&opened);
+    }
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"place_into", py_place_into, METH_VARARGS, place_into_doc},
     {"assemble_rows", py_assemble_rows, METH_VARARGS, assemble_rows_doc},
     {"row_formats", py_row_formats, METH_VARARGS, row_formats_doc},
     {"row_parts", py_row_parts, METH_O, row_parts_doc},
     {"split_pieces", py_split_pieces, METH_VARARGS, split_pieces_doc},
+    {"bin_rows", py_bin_rows, METH_VARARGS, bin_rows_doc},
     {NULL, NULL, 0, NULL},
 };
 

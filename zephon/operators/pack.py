@@ -30,11 +30,13 @@ drops after a restore never is, and a piece whose arrays are lazy (see
 from __future__ import annotations
 
 import heapq
+import operator
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from zephon._native import load
 from zephon.errors import ContractViolation
 from zephon.operators.assembly import _SCALARS, PackedRow, Piece, RowAssembler
 from zephon.operators.base import LaneStateOperator, OpTraits, Output
@@ -286,44 +288,37 @@ class Pack(LaneStateOperator):
         if not pieces:
             return []
         bins = self.bins(lane)
-        lengths = np.fromiter((p.length for p in pieces), dtype=np.int64, count=len(pieces))
+        lengths = np.fromiter(map(_LENGTH, pieces), dtype=np.int64, count=len(pieces))
         decided = place(
             self.strategy, bins.fill, bins.segments, lengths, self.seq_len, self._max_segments
         )
-        held, num_bins = bins.pieces, self.num_bins
-        placed: dict[int, list[Piece]] = {}  # instance -> the pieces this call put in it
-        if self._cuts:
-            for p, key, head in zip(
-                pieces, decided.instance.tolist(), decided.head.tolist(), strict=True
-            ):
-                for at, part in self._cut(p, key, head) if head != p.length else ((key, p),):
-                    got = placed.get(at)
-                    if got is None:
-                        placed[at] = [part]
-                    else:
-                        got.append(part)
-        else:
-            for p, key in zip(pieces, decided.instance.tolist(), strict=True):
-                got = placed.get(key)
+        held = bins.pieces
+        if self._in_order or self._cuts:
+            placed = self._placed(pieces, decided)
+            if self._in_order:
+                return self._place_in_order(lane, bins, decided, placed)
+            rows, new = _rows_of(placed, decided.emitted, decided.opened, held)
+        else:  # every piece whole in one instance: grouped in C where it is built
+            rows, new = _bin_rows(pieces, decided.instance, decided.emitted, decided.opened, held)
+        _compact(new)  # (what waited before was compacted when it came, and is kept)
+        assembler = self.rows
+        return [PackedRow(assembler, row, lane) for row in rows]
+
+    def _placed(self, pieces: list[Piece], decided: Any) -> dict[int, list[Piece]]:
+        """Instance -> the pieces this call put in it (cut ones in parts)."""
+        placed: dict[int, list[Piece]] = {}
+        if not self._cuts:
+            return _grouped(pieces, decided.instance)
+        for p, key, head in zip(
+            pieces, decided.instance.tolist(), decided.head.tolist(), strict=True
+        ):
+            for at, part in self._cut(p, key, head) if head != p.length else ((key, p),):
+                got = placed.get(at)
                 if got is None:
-                    placed[key] = [p]
+                    placed[at] = [part]
                 else:
-                    got.append(p)
-        if self._in_order:
-            return self._place_in_order(lane, bins, decided, placed)
-        # A bin's first instance (key < num_bins) holds what the bin held when we began.
-        out: list[Output] = [
-            self._record(lane, held[key] if key < num_bins else [], placed.get(key))
-            for key in decided.emitted.tolist()
-        ]
-        for b, filling in enumerate(decided.opened.tolist()):
-            kept = held[b] if filling == 0 else []
-            new = placed.get(filling * num_bins + b)
-            if new:
-                _compact([new])  # what waited before was compacted when it came
-                kept = kept + new
-            held[b] = kept
-        return out
+                    got.append(part)
+        return placed
 
     def _place_in_order(
         self, lane: int, bins: Bins, decided: Any, placed: dict[int, list[Piece]]
@@ -485,3 +480,62 @@ def _compact(held: list[list[Piece]]) -> None:
                         arrays=tuple(a.copy() if type(a) is ndarray else a for a in arrays)
                     )
                     break
+
+
+_LENGTH = operator.itemgetter(3)  # a Piece's length
+_NATIVE = load("_pack")  # bin_rows in C
+
+
+def bin_rows(
+    pieces: list[Piece],
+    instance: np.ndarray,
+    emitted: np.ndarray,
+    opened: np.ndarray,
+    held: list[list[Piece]],
+) -> tuple[list[list[Piece]], list[list[Piece]]]:
+    """Pack's bookkeeping around :func:`~zephon.operators.placement.place`
+    (``zephon._pack.bin_rows`` is the same in C): ``pieces[k]`` went to ``instance[k]``;
+    ``held[b]`` is what bin ``b`` held when the call began (its instance ``b``). Returns the
+    pieces of each instance of ``emitted`` (what it held before, then this call's, in
+    order) and the bins' lists that this call's pieces went into; ``held`` ends with each
+    bin's pieces (see the placement module's instances)."""
+    return _rows_of(_grouped(pieces, instance), emitted, opened, held)
+
+
+def _grouped(pieces: list[Piece], instance: np.ndarray) -> dict[int, list[Piece]]:
+    """Instance -> its pieces, in order."""
+    placed: dict[int, list[Piece]] = {}
+    for p, key in zip(pieces, instance.tolist(), strict=True):
+        got = placed.get(key)
+        if got is None:
+            placed[key] = [p]
+        else:
+            got.append(p)
+    return placed
+
+
+def _rows_of(
+    placed: dict[int, list[Piece]],
+    emitted: np.ndarray,
+    opened: np.ndarray,
+    held: list[list[Piece]],
+) -> tuple[list[list[Piece]], list[list[Piece]]]:
+    """:func:`bin_rows` once the pieces are grouped by instance (``placed``)."""
+    num_bins = len(held)
+    rows = []
+    for key in emitted.tolist():
+        old = held[key] if key < num_bins else []
+        new = placed.get(key)
+        rows.append(old + new if new else old)
+    stay = []
+    for b, filling in enumerate(opened.tolist()):
+        kept = held[b] if filling == 0 else []
+        new = placed.get(filling * num_bins + b)
+        if new:
+            kept = kept + new
+            stay.append(kept)
+        held[b] = kept
+    return rows, stay
+
+
+_bin_rows = _NATIVE.bin_rows if _NATIVE is not None else bin_rows

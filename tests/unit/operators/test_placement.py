@@ -175,3 +175,49 @@ def test_the_c_version_checks_its_buffers() -> None:
         call(emitted=emit[:5])
     with pytest.raises(ValueError, match=r"2 items per piece \(plus .*\) and opened one per bin"):
         call(opened=np.zeros(3, np.int64))
+
+
+def _bookkeeping(how, strategy: str, cap: int, held_lengths, lengths, max_segments: int):
+    """Pack's bookkeeping (``bin_rows``) after placing pieces named by their number."""
+    held = [[("old", b, i) for i in range(len(h))] for b, h in enumerate(held_lengths)]
+    fill = np.array([sum(h) for h in held_lengths], np.int64)
+    segments = np.array([len(h) for h in held_lengths], np.int64)
+    decided = place(strategy, fill, segments, np.array(lengths, np.int64), cap, max_segments)
+    pieces = [("new", k) for k in range(len(lengths))]
+    rows, new = how(pieces, decided.instance, decided.emitted, decided.opened, held)
+    assert all(any(x is h for h in held) for x in new)  # compacting them compacts the bins
+    return rows, new, held
+
+
+@pytest.mark.native
+@settings(max_examples=300, deadline=None)
+@given(
+    strategy=st.sampled_from(["first_fit", "best_fit"]),
+    cap=st.integers(1, 30),
+    bins=st.integers(1, 6),
+    data=st.data(),
+)
+def test_pack_s_bookkeeping_in_c_and_python_agree(strategy: str, cap: int, bins: int, data) -> None:
+    from zephon.operators import pack
+
+    assert pack._NATIVE is not None, "zephon._pack is not built (native tests need it)"
+    room = st.lists(st.integers(0, cap), max_size=3).filter(lambda h: sum(h) < cap)
+    held_lengths = data.draw(st.lists(room, min_size=bins, max_size=bins))
+    lengths = data.draw(st.lists(st.integers(0, cap), max_size=40))
+    max_segments = data.draw(st.integers(0, 4))
+    if max_segments:
+        held_lengths = [h[: max_segments - 1] for h in held_lengths]
+    args = (strategy, cap, held_lengths, lengths, max_segments)
+    assert _bookkeeping(pack._NATIVE.bin_rows, *args) == _bookkeeping(pack.bin_rows, *args)
+
+
+def test_pack_s_bookkeeping_keeps_old_pieces_first_and_empties_emitted_bins() -> None:
+    from zephon.operators import pack
+
+    # Bin 0 holds 6 of 10. The 5 fits only bin 1; the 4 fills bin 0, which is emptied; the
+    # 6 starts bin 0 again; the 9 fits nowhere: the fullest bin (0, holding 6) is emptied
+    # and the 9 starts it again.
+    rows, new, held = _bookkeeping(pack._bin_rows, "first_fit", 10, [[6], []], [5, 4, 6, 9], 0)
+    assert rows == [[("old", 0, 0), ("new", 1)], [("new", 2)]]
+    assert held == [[("new", 3)], [("new", 0)]]
+    assert new == held
