@@ -411,21 +411,25 @@ done:
     return result;
 }
 
-/* The format of 1-D contiguous array a (exactly of type ndarray) as a new str, or NULL (no
- * error set) where a is not one. */
-static PyObject *array_format(PyObject *a, PyObject *ndarray) {
+/* The buffer format of 1-D contiguous array a (exactly of type ndarray) copied into out
+ * (FORMAT_CHARS bytes): 1; 0 where a is not one (or its format is longer); no error set. */
+#define FORMAT_CHARS 32
+static int array_format(PyObject *a, PyObject *ndarray, char *out) {
     if ((PyObject *)Py_TYPE(a) != ndarray) {
-        return NULL;
+        return 0;
     }
     Py_buffer view;
     if (PyObject_GetBuffer(a, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
         PyErr_Clear();
-        return NULL;
+        return 0;
     }
-    PyObject *format = view.ndim == 1 ? PyUnicode_FromString(view.format ? view.format : "B")
-                                      : NULL;
+    const char *format = view.format ? view.format : "B";
+    int ok = view.ndim == 1 && strlen(format) < FORMAT_CHARS;
+    if (ok) {
+        strcpy(out, format);
+    }
     PyBuffer_Release(&view);
-    return format;
+    return ok;
 }
 
 PyDoc_STRVAR(row_formats_doc,
@@ -448,11 +452,24 @@ static PyObject *py_row_formats(PyObject *Py_UNUSED(self), PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "columns must be at least 1");
         return NULL;
     }
-    PyObject *formats = PyTuple_New(columns);
-    if (formats == NULL) {
+    const char *lazy_format = PyUnicode_AsUTF8(lazy);
+    if (lazy_format == NULL) {
         return NULL;
     }
+    if (strlen(lazy_format) >= FORMAT_CHARS) {
+        Py_RETURN_NONE;
+    }
+    /* seen[j]: column j's format (empty until the first piece) */
+    char (*seen)[FORMAT_CHARS] = PyMem_Calloc((size_t)columns, FORMAT_CHARS);
+    if (seen == NULL) {
+        return PyErr_NoMemory();
+    }
+    char format[FORMAT_CHARS];
+    PyObject *formats = NULL;
     Py_ssize_t nrows = PyList_GET_SIZE(rows);
+    if (nrows == 0) {
+        goto none;
+    }
     for (Py_ssize_t r = 0; r < nrows; r++) {
         PyObject *pieces = PyList_GET_ITEM(rows, r);
         if (!PyList_Check(pieces) && !PyTuple_Check(pieces)) {
@@ -473,38 +490,34 @@ static PyObject *py_row_formats(PyObject *Py_UNUSED(self), PyObject *args) {
                 goto none;
             }
             for (Py_ssize_t j = 0; j < columns; j++) {
-                PyObject *format;
                 if (whole) {
-                    format = array_format(PyTuple_GET_ITEM(piece, j), ndarray);
-                    if (format == NULL) {
-                        if (PyErr_Occurred()) {
-                            Py_DECREF(formats);
-                            return NULL;
-                        }
+                    if (!array_format(PyTuple_GET_ITEM(piece, j), ndarray, format)) {
                         goto none;
                     }
                 } else {
-                    format = Py_NewRef(lazy);
+                    strcpy(format, lazy_format);
                 }
-                PyObject *seen = PyTuple_GET_ITEM(formats, j);
-                if (seen == NULL) {
-                    PyTuple_SET_ITEM(formats, j, format);
-                    continue;
-                }
-                int same = PyUnicode_Compare(seen, format) == 0;
-                Py_DECREF(format);
-                if (!same) {
+                if (seen[j][0] == 0) {
+                    strcpy(seen[j], format);
+                } else if (strcmp(seen[j], format) != 0) {
                     goto none;
                 }
             }
         }
     }
-    if (nrows == 0) {
-        goto none;
+    formats = PyTuple_New(columns);
+    for (Py_ssize_t j = 0; formats != NULL && j < columns; j++) {
+        PyObject *f = PyUnicode_FromString(seen[j]);
+        if (f == NULL) {
+            Py_CLEAR(formats);
+            break;
+        }
+        PyTuple_SET_ITEM(formats, j, f);
     }
+    PyMem_Free(seen);
     return formats;
 none:
-    Py_DECREF(formats);
+    PyMem_Free(seen);
     Py_RETURN_NONE;
 }
 
