@@ -135,6 +135,12 @@ static PyObject *py_documents(PyObject *Py_UNUSED(self), PyObject *args) {
     for (Py_ssize_t k = 0; k < n; k++) {
         int32_t *dst = copies[k].dst;
         Py_ssize_t m = copies[k].n;
+        if (k + 1 < n) { /* the next document's first lines, while this one is copied */
+            const char *next = (const char *)src.buf + copies[k + 1].lo * itemsize;
+            __builtin_prefetch(next);
+            __builtin_prefetch(next + 64);
+            __builtin_prefetch(copies[k + 1].dst, 1);
+        }
         if (itemsize == 2) {
             const uint16_t *from = (const uint16_t *)src.buf + copies[k].lo;
             for (Py_ssize_t t = 0; t < m; t++) {

@@ -70,6 +70,30 @@ class Batch(LaneStateOperator):
         del self._lanes[record.lane]
         return (self._stack(buf),)
 
+    def process_batch(self, records: list[Record]) -> list[Output]:
+        """:meth:`process` on each record, a lane's run of records filling batches at once."""
+        out: list[Output] = []
+        lanes, size = self._lanes, self.batch_size
+        i, n = 0, len(records)
+        while i < n:
+            lane = records[i].lane
+            j = i + 1
+            while j < n and records[j].lane == lane:
+                j += 1
+            buf = lanes.pop(lane, None) or []
+            k = i
+            while k < j:  # fill the lane's buffer up to a batch, stack it, go on
+                take = min(size - len(buf), j - k)
+                buf += records[k : k + take]
+                k += take
+                if len(buf) == size:
+                    out.append(self._stack(buf))
+                    buf = []
+            if buf:
+                lanes[lane] = buf
+            i = j
+        return out
+
     def _stack(self, records: list[Record], padded: bool = False) -> BatchRecord:
         contributors = [c for r in records for c in r.contributors]
         mix: dict[int, int] = {}

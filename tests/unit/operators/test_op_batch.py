@@ -155,3 +155,25 @@ def test_batch_resumes_exactly(h, drop_last: bool) -> None:
     # 24 + 23 rows per lane: 8 + 7 full batches, and with drop_last=False 1 partial one.
     assert len(ref) == (15 if drop_last else 16)
     assert sum(len(b) for b in ref) == (45 if drop_last else 47)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_run_of_records_batches_as_one_at_a_time_does(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    lanes = rng.integers(0, 3, 200).tolist()
+    records = [
+        Record(np.full(2, k), lane, [Contributor(0, k, 0, True)], {0: 1})
+        for k, lane in enumerate(lanes)
+    ]
+    one, runs = Batch(4), Batch(4)
+    want = [b for r in records for b in one.process(r)]
+    got, at = [], 0
+    while at < len(records):  # runs of random lengths, across lanes and batches
+        n = int(rng.integers(1, 12))
+        got += runs.process_batch(records[at : at + n])
+        at += n
+    assert [(b.lane, [c.offset for c in b.contributors]) for b in got] == [
+        (b.lane, [c.offset for c in b.contributors]) for b in want
+    ]
+    assert all(np.array_equal(a.data, b.data) for a, b in zip(got, want, strict=True))
+    assert [runs.pending(lane) for lane in range(3)] == [one.pending(lane) for lane in range(3)]
