@@ -14,6 +14,7 @@ data: it cannot run code, and it reads back as what was saved.
   state does; both are corruption. A leader decodes one state per rank each round, so the
   quick check also runs in C (``zephon._state``, ``native/state_module.c``); ``_plain`` below
   is the same function, used when the extension is not built or ``ZEPHON_PURE_PYTHON=1``.
+  The saving side's quick check (``_writable``) has its C twin there too.
   Ext types are refused while decoding: ``loads``'s ``max_ext_len=0`` refuses any with
   data (timestamps included), and :func:`reject_ext`, its ``ext_hook``, the empty ones.
 
@@ -34,7 +35,8 @@ __all__ = ["MAX_DEPTH", "check_decoded", "check_writable", "reject_ext"]
 # Checkpoint states are shallow (lanes -> chunks -> fields). A cap well under msgpack's own
 # limits turns a reference cycle or a hostile payload into a clear error, not a crash.
 MAX_DEPTH = 256
-#: ``_plain`` in C (``native/state_module.c``): a leader runs it on every rank's state.
+#: ``_plain`` and ``_writable`` in C (``native/state_module.c``): a leader checks every rank's
+#: state it decodes, and every rank the state it encodes, each round.
 _NATIVE = load_native("_state")
 _INT_MIN = -(1 << 63)
 _INT_MAX = (1 << 64) - 1
@@ -53,7 +55,7 @@ def check_writable(state: object) -> None:
             round-trip exactly (a tuple, a non-str key, a numpy scalar, an int over 64 bits,
             a cycle); the message names where, and the fix where there is one.
     """
-    if not _writable(state):
+    if not (_writable(state) if _NATIVE is None else _NATIVE.writable(state, MAX_DEPTH)):
         _check_writable(state)  # raises, saying where
 
 

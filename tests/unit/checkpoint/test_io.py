@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
+import numpy as np
 import pytest
 import zstandard
 from hypothesis import HealthCheck, given, settings
@@ -828,6 +829,40 @@ def test_the_c_and_python_structural_checks_agree(state: dict[str, Any]) -> None
     assert plain._NATIVE.plain(state, plain.MAX_DEPTH) is plain._plain(state)
     with pytest.raises(ValueError, match="max_depth"):
         plain._NATIVE.plain(state, -1)
+
+
+class _Str(str):
+    pass
+
+
+#: What saving may or may not take (the quick check's cases): exact types only, ints in
+#: msgpack's range, containers above the depth limit.
+_WRITABLE_SHAPES = [
+    *_SHAPES,
+    {"t": (1, 2)},
+    {"i": 2**64 - 1, "j": -(2**63), "f": 1.5, "b": True, "n": None, "s": "x", "y": b"z"},
+    {"i": 2**64},
+    {"i": -(2**63) - 1},
+    {"i": 2**200},
+    {"k": _Str("subclass value")},
+    {_Str("subclass key"): 1},
+    {"a": np.int64(3)},
+    {"a": [np.float32(1.0)]},
+    {"e": []},
+    {"d": _nested(254, [])},
+]
+
+
+@pytest.mark.native
+@pytest.mark.parametrize("state", _WRITABLE_SHAPES, ids=range(len(_WRITABLE_SHAPES)))
+def test_the_c_and_python_checks_before_saving_agree(state: dict[str, Any]) -> None:
+    from zephon.checkpoint import plain
+
+    assert plain._NATIVE is not None, "zephon._state is not built (native tests need it)"
+    assert plain._NATIVE.writable(state, plain.MAX_DEPTH) is plain._writable(state)
+    assert plain._NATIVE.writable([state], plain.MAX_DEPTH) is False  # not a dict
+    with pytest.raises(ValueError, match="max_depth"):
+        plain._NATIVE.writable(state, 2000)
 
 
 def test_a_decoded_state_is_checked_whichever_check_runs() -> None:
