@@ -22,7 +22,7 @@ import msgpack
 from zephon._fingerprint import pipeline_fingerprints
 from zephon.building import ChainBuilder
 from zephon.checkpoint.state import build_state
-from zephon.collector import collector_paused
+from zephon.collector import PROMOTE_LANES, collector_paused
 from zephon.compile import Plan, compile_pipeline, explain
 from zephon.engine import Engine, closed_error
 from zephon.errors import CheckpointError
@@ -276,7 +276,9 @@ class Pipeline(ChainBuilder):
         plan = self._compiled()
         topo = self._topology
         engine = self._get_engine()
-        with collector_paused():  # an acyclic value of thousands of dicts: see the module
+        # An acyclic value of thousands of dicts; with thousands of lanes, what waits in
+        # their bins is promoted unscanned (see zephon.collector).
+        with collector_paused(promote=len(engine.lanes) >= PROMOTE_LANES):
             return build_state(
                 self.fingerprint(),
                 self.fingerprint_parts(),
