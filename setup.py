@@ -21,7 +21,7 @@ setup(
         Extension(
             "zephon._pack",
             sources=["native/pack_module.c"],
-            extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Werror"],
+            extra_compile_args=["-O3", "-std=c11", "-Wall", "-Wextra", "-Werror"],
         ),
         Extension(
             "zephon._track",
@@ -42,7 +42,7 @@ setup(
             "zephon._tokens",
             sources=["native/tokens_module.c"],
             include_dirs=[numpy.get_include()],
-            extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Werror"],
+            extra_compile_args=["-O3", "-std=c11", "-Wall", "-Wextra", "-Werror"],
         ),
     ]
 )
