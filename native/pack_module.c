@@ -808,6 +808,17 @@ static PyObject *joined(PyObject *a, PyObject *b) {
     return Py_NewRef(a != NULL ? a : b);
 }
 
+/* placed[key] into *out (borrowed; NULL where absent): 0, or -1 (raised). */
+static int placed_at(PyObject *placed, int64_t key, PyObject **out) {
+    PyObject *k = PyLong_FromLongLong(key);
+    if (k == NULL) {
+        return -1;
+    }
+    *out = PyDict_GetItemWithError(placed, k);
+    Py_DECREF(k);
+    return (*out == NULL && PyErr_Occurred()) ? -1 : 0;
+}
+
 PyDoc_STRVAR(bin_rows_doc,
              "bin_rows(pieces, instance, emitted, opened, held, /) -> (rows, new)\n\n"
              "Pack's bookkeeping around place_into (bin_rows in zephon/operators/pack.py is the\n"
@@ -880,13 +891,8 @@ static PyObject *py_bin_rows(PyObject *Py_UNUSED(self), PyObject *args) {
     }
     for (Py_ssize_t r = 0; r < emitted.len / 8; r++) {
         int64_t key = emit[r];
-        PyObject *k = PyLong_FromLongLong(key);
-        if (k == NULL) {
-            goto done;
-        }
-        PyObject *fresh = PyDict_GetItemWithError(placed, k); /* borrowed */
-        Py_DECREF(k);
-        if (fresh == NULL && PyErr_Occurred()) {
+        PyObject *fresh;
+        if (placed_at(placed, key, &fresh) < 0) {
             goto done;
         }
         PyObject *old = key >= 0 && key < num_bins ? PyList_GET_ITEM(held, key) : NULL;
@@ -897,13 +903,8 @@ static PyObject *py_bin_rows(PyObject *Py_UNUSED(self), PyObject *args) {
         PyList_SET_ITEM(rows, r, row);
     }
     for (Py_ssize_t b = 0; b < num_bins; b++) {
-        PyObject *k = PyLong_FromLongLong(open[b] * num_bins + b);
-        if (k == NULL) {
-            goto done;
-        }
-        PyObject *fresh = PyDict_GetItemWithError(placed, k); /* borrowed */
-        Py_DECREF(k);
-        if (fresh == NULL && PyErr_Occurred()) {
+        PyObject *fresh;
+        if (placed_at(placed, open[b] * num_bins + b, &fresh) < 0) {
             goto done;
         }
         PyObject *kept = joined(open[b] == 0 ? PyList_GET_ITEM(held, b) : NULL, fresh);

@@ -313,11 +313,7 @@ class Pack(LaneStateOperator):
             pieces, decided.instance.tolist(), decided.head.tolist(), strict=True
         ):
             for at, part in self._cut(p, key, head) if head != p.length else ((key, p),):
-                got = placed.get(at)
-                if got is None:
-                    placed[at] = [part]
-                else:
-                    got.append(part)
+                placed.setdefault(at, []).append(part)
         return placed
 
     def _place_in_order(
