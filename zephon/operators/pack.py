@@ -36,10 +36,10 @@ from typing import Any
 
 import numpy as np
 
-from zephon._native import load
 from zephon.errors import ContractViolation
 from zephon.operators.assembly import _SCALARS, PackedRow, Piece, RowAssembler
 from zephon.operators.base import LaneStateOperator, OpTraits, Output
+from zephon.operators.bins import Bins, bin_rows, compact, grouped, rows_of
 from zephon.operators.placement import CONCAT_THEN_SPLIT, STRATEGIES, place
 from zephon.operators.split import cut_bounds
 from zephon.records import Contributor, Record
@@ -48,25 +48,6 @@ from zephon.records import Contributor, Record
 REPLACE_FIRST_TOKEN = "replace_first_token"
 #: ``order`` values: rows leave as they are emptied, or in the order of their first pieces.
 ORDERS = ("filled", "arrival")
-
-
-class Bins:
-    """One lane's open bins: their token and piece counts (what placement reads) and the
-    pieces each holds; with ``order="arrival"`` also the arrival number of each bin's first
-    piece (-1: empty), the pieces that have arrived since the last flush, and the emptied
-    rows waiting for an older open bin (a heap by their first pieces' arrival numbers,
-    which no two rows share)."""
-
-    __slots__ = ("fill", "segments", "pieces", "first", "arrived", "waiting", "waiting_pieces")
-
-    def __init__(self, num_bins: int) -> None:
-        self.fill = np.zeros(num_bins, dtype=np.int64)
-        self.segments = np.zeros(num_bins, dtype=np.int64)
-        self.pieces: list[list[Piece]] = [[] for _ in range(num_bins)]
-        self.first = [-1] * num_bins
-        self.arrived = 0
-        self.waiting: list[tuple[int, list[Piece]]] = []
-        self.waiting_pieces = 0
 
 
 class Pack(LaneStateOperator):
@@ -297,10 +278,10 @@ class Pack(LaneStateOperator):
             placed = self._placed(pieces, decided)
             if self._in_order:
                 return self._place_in_order(lane, bins, decided, placed)
-            rows, new = _rows_of(placed, decided.emitted, decided.opened, held)
+            rows, new = rows_of(placed, decided.emitted, decided.opened, held)
         else:  # every piece whole in one instance: grouped in C where it is built
-            rows, new = _bin_rows(pieces, decided.instance, decided.emitted, decided.opened, held)
-        _compact(new)  # (what waited before was compacted when it came, and is kept)
+            rows, new = bin_rows(pieces, decided.instance, decided.emitted, decided.opened, held)
+        compact(new)  # (what waited before was compacted when it came, and is kept)
         assembler = self.rows
         return [PackedRow(assembler, row, lane) for row in rows]
 
@@ -308,7 +289,7 @@ class Pack(LaneStateOperator):
         """Instance -> the pieces this call put in it (cut ones in parts)."""
         placed: dict[int, list[Piece]] = {}
         if not self._cuts:
-            return _grouped(pieces, decided.instance)
+            return grouped(pieces, decided.instance)
         for p, key, head in zip(
             pieces, decided.instance.tolist(), decided.head.tolist(), strict=True
         ):
@@ -356,8 +337,8 @@ class Pack(LaneStateOperator):
             row = heapq.heappop(waiting)[1]
             bins.waiting_pieces -= len(row)
             out.append(self._record(lane, row, None))
-        _compact(held)
-        _compact([row for at, row in pushed if at >= oldest_open])  # those that wait
+        compact(held)
+        compact([row for at, row in pushed if at >= oldest_open])  # those that wait
         return out
 
     def _cut(self, p: Piece, key: int, head: int) -> list[tuple[int, Piece]]:
@@ -459,79 +440,4 @@ def _arrival(row: tuple[int, list[Piece]]) -> int:
     return row[0]
 
 
-def _compact(held: list[list[Piece]]) -> None:
-    """Copies out the arrays of pieces left in bins that are small views of a bigger
-    buffer (a tokenizer may encode a whole chunk into one buffer): a piece waiting in a bin
-    must not keep the rest of that buffer alive. A process owning thousands of lanes holds
-    one set of bins per lane. Lazy arrays (not made yet) hold no buffer."""
-    ndarray = np.ndarray
-    for pieces in held:
-        for k, p in enumerate(pieces):
-            arrays = p.arrays
-            if type(arrays) is not tuple:
-                continue
-            for a in arrays:  # (a loop, not any(): this runs for every piece that waits)
-                if type(a) is ndarray and a.base is not None and a.base.nbytes > 2 * a.nbytes:
-                    pieces[k] = p._replace(
-                        arrays=tuple(a.copy() if type(a) is ndarray else a for a in arrays)
-                    )
-                    break
-
-
 _LENGTH = operator.itemgetter(3)  # a Piece's length
-_NATIVE = load("_pack")  # bin_rows in C
-
-
-def bin_rows(
-    pieces: list[Piece],
-    instance: np.ndarray,
-    emitted: np.ndarray,
-    opened: np.ndarray,
-    held: list[list[Piece]],
-) -> tuple[list[list[Piece]], list[list[Piece]]]:
-    """Pack's bookkeeping around :func:`~zephon.operators.placement.place`
-    (``zephon._pack.bin_rows`` is the same in C): ``pieces[k]`` went to ``instance[k]``;
-    ``held[b]`` is what bin ``b`` held when the call began (its instance ``b``). Returns the
-    pieces of each instance of ``emitted`` (what it held before, then this call's, in
-    order) and the bins' lists that this call's pieces went into; ``held`` ends with each
-    bin's pieces (see the placement module's instances)."""
-    return _rows_of(_grouped(pieces, instance), emitted, opened, held)
-
-
-def _grouped(pieces: list[Piece], instance: np.ndarray) -> dict[int, list[Piece]]:
-    """Instance -> its pieces, in order."""
-    placed: dict[int, list[Piece]] = {}
-    for p, key in zip(pieces, instance.tolist(), strict=True):
-        got = placed.get(key)
-        if got is None:
-            placed[key] = [p]
-        else:
-            got.append(p)
-    return placed
-
-
-def _rows_of(
-    placed: dict[int, list[Piece]],
-    emitted: np.ndarray,
-    opened: np.ndarray,
-    held: list[list[Piece]],
-) -> tuple[list[list[Piece]], list[list[Piece]]]:
-    """:func:`bin_rows` once the pieces are grouped by instance (``placed``)."""
-    num_bins = len(held)
-    rows = []
-    for key in emitted.tolist():
-        old = held[key] if key < num_bins else []
-        new = placed.get(key)
-        rows.append(old + new if new else old)
-    stay = []
-    for b, filling in enumerate(opened.tolist()):
-        kept = held[b] if filling == 0 else []
-        new = placed.get(filling * num_bins + b)
-        if new:
-            kept = kept + new
-            stay.append(kept)
-        held[b] = kept
-    return rows, stay
-
-
-_bin_rows = _NATIVE.bin_rows if _NATIVE is not None else bin_rows

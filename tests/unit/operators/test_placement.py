@@ -198,9 +198,9 @@ def _bookkeeping(how, strategy: str, cap: int, held_lengths, lengths, max_segmen
     data=st.data(),
 )
 def test_pack_s_bookkeeping_in_c_and_python_agree(strategy: str, cap: int, bins: int, data) -> None:
-    from zephon.operators import pack
+    from zephon.operators import bins as pack_bins
 
-    assert pack._NATIVE is not None, "zephon._pack is not built (native tests need it)"
+    assert pack_bins._NATIVE is not None, "zephon._pack is not built (native tests need it)"
     room = st.lists(st.integers(0, cap), max_size=3).filter(lambda h: sum(h) < cap)
     held_lengths = data.draw(st.lists(room, min_size=bins, max_size=bins))
     lengths = data.draw(st.lists(st.integers(0, cap), max_size=40))
@@ -208,16 +208,18 @@ def test_pack_s_bookkeeping_in_c_and_python_agree(strategy: str, cap: int, bins:
     if max_segments:
         held_lengths = [h[: max_segments - 1] for h in held_lengths]
     args = (strategy, cap, held_lengths, lengths, max_segments)
-    assert _bookkeeping(pack._NATIVE.bin_rows, *args) == _bookkeeping(pack.bin_rows, *args)
+    assert _bookkeeping(pack_bins._NATIVE.bin_rows, *args) == _bookkeeping(
+        pack_bins._bin_rows, *args
+    )
 
 
 def test_pack_s_bookkeeping_keeps_old_pieces_first_and_empties_emitted_bins() -> None:
-    from zephon.operators import pack
+    from zephon.operators import bins as pack_bins
 
     # Bin 0 holds 6 of 10. The 5 fits only bin 1; the 4 fills bin 0, which is emptied; the
     # 6 starts bin 0 again; the 9 fits nowhere: the fullest bin (0, holding 6) is emptied
     # and the 9 starts it again.
-    rows, new, held = _bookkeeping(pack._bin_rows, "first_fit", 10, [[6], []], [5, 4, 6, 9], 0)
+    rows, new, held = _bookkeeping(pack_bins.bin_rows, "first_fit", 10, [[6], []], [5, 4, 6, 9], 0)
     assert rows == [[("old", 0, 0), ("new", 1)], [("new", 2)]]
     assert held == [[("new", 3)], [("new", 0)]]
     assert new == held
