@@ -10,6 +10,8 @@ then this call's, in order) become a row, and each bin ends with its last instan
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from zephon._native import load
@@ -37,7 +39,7 @@ class Bins:
         self.waiting_pieces = 0
 
 
-def bin_rows(
+def _bin_rows(
     pieces: list[Piece],
     instance: np.ndarray,
     emitted: np.ndarray,
@@ -47,21 +49,15 @@ def bin_rows(
     """``pieces[k]`` went to ``instance[k]``; ``held[b]`` is what bin ``b`` held when the
     call began (its instance ``b``). Returns the pieces of each instance of ``emitted``
     (what it held before, then this call's, in order) and the bins' lists that this call's
-    pieces went into (for :func:`compact`); ``held`` ends with each bin's pieces. In C
-    where it is built."""
-    run = _NATIVE.bin_rows if _NATIVE is not None else _bin_rows
-    return run(pieces, instance, emitted, opened, held)  # type: ignore[no-any-return]
-
-
-def _bin_rows(
-    pieces: list[Piece],
-    instance: np.ndarray,
-    emitted: np.ndarray,
-    opened: np.ndarray,
-    held: list[list[Piece]],
-) -> tuple[list[list[Piece]], list[list[Piece]]]:
-    """:func:`bin_rows` in Python (``zephon._pack.bin_rows`` is the same in C)."""
+    pieces went into (for :func:`compact`); ``held`` ends with each bin's pieces.
+    ``zephon._pack.bin_rows`` is the same in C; :data:`bin_rows` is whichever runs."""
     return rows_of(grouped(pieces, instance), emitted, opened, held)
+
+
+#: :func:`_bin_rows`, in C where it is built.
+bin_rows: Callable[..., tuple[list[list[Piece]], list[list[Piece]]]] = (
+    _NATIVE.bin_rows if _NATIVE is not None else _bin_rows
+)
 
 
 def grouped(pieces: list[Piece], instance: np.ndarray) -> dict[int, list[Piece]]:

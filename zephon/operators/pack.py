@@ -287,9 +287,9 @@ class Pack(LaneStateOperator):
 
     def _placed(self, pieces: list[Piece], decided: Any) -> dict[int, list[Piece]]:
         """Instance -> the pieces this call put in it (cut ones in parts)."""
-        placed: dict[int, list[Piece]] = {}
         if not self._cuts:
             return grouped(pieces, decided.instance)
+        placed: dict[int, list[Piece]] = {}
         for p, key, head in zip(
             pieces, decided.instance.tolist(), decided.head.tolist(), strict=True
         ):
