@@ -61,17 +61,11 @@ class Batch(LaneStateOperator):
         self.pad_values: dict[str, Any] = dict(pad_values or {})
 
     def process(self, record: Record) -> Iterable[Output]:
-        buf = self._lanes.get(record.lane)
-        if buf is None:
-            buf = self._lanes[record.lane] = []
-        buf.append(record)
-        if len(buf) < self.batch_size:
-            return ()
-        del self._lanes[record.lane]
-        return (self._stack(buf),)
+        return self.process_batch([record])
 
     def process_batch(self, records: list[Record]) -> list[Output]:
-        """:meth:`process` on each record, a lane's run of records filling batches at once."""
+        """Each lane's records into its buffer, a batch stacked whenever it holds
+        ``batch_size`` (a lane's run of records fills its batches at once)."""
         out: list[Output] = []
         lanes, size = self._lanes, self.batch_size
         i, n = 0, len(records)
