@@ -21,6 +21,7 @@ setup(
         Extension(
             "zephon._pack",
             sources=["native/pack_module.c"],
+            depends=["native/span.h"],
             extra_compile_args=["-O3", "-std=c11", "-Wall", "-Wextra", "-Werror"],
         ),
         Extension(
@@ -41,6 +42,7 @@ setup(
         Extension(
             "zephon._tokens",
             sources=["native/tokens_module.c"],
+            depends=["native/span.h"],
             include_dirs=[numpy.get_include()],
             extra_compile_args=["-O3", "-std=c11", "-Wall", "-Wextra", "-Werror"],
         ),

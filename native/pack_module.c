@@ -19,9 +19,10 @@
  * bin is empty after the piece. evict[k] is -1 and target[k] 0.
  * The GIL is released while it runs.
  *
- * assemble_rows(rows, column, out, pad, seg, pos): packed rows (RowAssembler.assemble), row
- * i of a 2-D out from the pieces rows[i]: each piece's item column copied in order, pad after
- * them, each token's piece number and position.
+ * assemble_rows(rows, column, out, pad, seg, pos, span): packed rows (RowAssembler.assemble),
+ * row i of a 2-D out from the pieces rows[i]: each piece's item column copied in order (a
+ * piece that is a token span of type span, its tokens widened to int32), pad after them,
+ * each token's piece number and position.
  *
  * row_formats(rows, columns, ndarray, lazy): the buffer format of each of the first columns
  * items of every piece of rows, where for each column they are all 1-D contiguous arrays
@@ -33,9 +34,10 @@
  * another, their per-component token counts summed, and their arrays, lengths and counts as
  * tuples.
  *
- * split_pieces(piece, contributor, ndarray, datas, contribs, mixes, key, max_len): the fused
- * split -> pack stage's pieces of pre-tokenized samples (zephon/stages/split_pack.py's
- * _Pieces is the same in Python), or None where a sample is off that common path.
+ * split_pieces(piece, contributor, ndarray, span, datas, contribs, mixes, key, max_len): the
+ * fused split -> pack stage's pieces of pre-tokenized samples or token spans (span.h)
+ * (zephon/stages/split_pack.py's _Pieces is the same in Python), or None where a sample is
+ * off that common path.
  *
  * bin_rows(pieces, instance, emitted, opened, held) -> (rows, new): pack's bookkeeping
  * around place_into (bin_rows in zephon/operators/pack.py is the same in Python): the
@@ -53,6 +55,8 @@
 
 #include <stdint.h>
 #include <string.h>
+
+#include "span.h"
 
 enum { FIRST_FIT = 0, BEST_FIT = 1, CONCAT_THEN_SPLIT = 2 };
 
@@ -283,32 +287,48 @@ static int int32_row(PyObject *obj, Py_buffer *view, Py_ssize_t cap, const char 
  * items of item bytes), pad after; segs/poss (cap int32s each, or NULL) get piece numbers
  * and positions. The tokens copied, or -1 (raised). */
 static Py_ssize_t assemble_row(PyObject *pieces, Py_ssize_t column, char *dst, Py_ssize_t item,
-                               Py_ssize_t cap, const char *pad, int32_t *segs, int32_t *poss) {
+                               Py_ssize_t cap, const char *pad, int32_t *segs, int32_t *poss,
+                               PyTypeObject *span_type) {
     Py_ssize_t total = 0, n = PySequence_Fast_GET_SIZE(pieces);
     PyObject **items = PySequence_Fast_ITEMS(pieces);
     int32_t id = 0;
     for (Py_ssize_t k = 0; k < n; k++) {
-        Py_buffer part;
-        PyObject *array = PySequence_GetItem(items[k], column);
-        if (array == NULL) {
-            return -1;
-        }
-        int got = PyObject_GetBuffer(array, &part, PyBUF_C_CONTIGUOUS);
-        Py_DECREF(array);
-        if (got < 0) {
-            return -1;
-        }
-        Py_ssize_t m = part.len / item;
-        if (part.itemsize != item || part.ndim != 1 || total + m > cap) {
+        Py_ssize_t m;
+        if (span_type != NULL && Py_TYPE(items[k]) == span_type) {
+            /* a token span: its tokens straight from the file, widened to int32 */
+            const ZSpan *span = (const ZSpan *)items[k];
+            m = span->hi - span->lo;
+            if (column != 0 || item != 4 || total + m > cap) {
+                PyErr_Format(PyExc_ValueError,
+                             "span %zd (%zd tokens) does not fit column %zd of a row of %zd "
+                             "items of size %zd after %zd (a span is one int32 column)",
+                             k, m, column, cap, item, total);
+                return -1;
+            }
+            zspan_copy(span, (int32_t *)(dst + total * item));
+        } else {
+            Py_buffer part;
+            PyObject *array = PySequence_GetItem(items[k], column);
+            if (array == NULL) {
+                return -1;
+            }
+            int got = PyObject_GetBuffer(array, &part, PyBUF_C_CONTIGUOUS);
+            Py_DECREF(array);
+            if (got < 0) {
+                return -1;
+            }
+            m = part.len / item;
+            if (part.itemsize != item || part.ndim != 1 || total + m > cap) {
+                PyBuffer_Release(&part);
+                PyErr_Format(PyExc_ValueError,
+                             "part %zd (item size %zd, %zd items) does not fit a row of %zd "
+                             "items of size %zd after %zd",
+                             k, part.itemsize, m, cap, item, total);
+                return -1;
+            }
+            memcpy(dst + total * item, part.buf, (size_t)part.len);
             PyBuffer_Release(&part);
-            PyErr_Format(PyExc_ValueError,
-                         "part %zd (item size %zd, %zd items) does not fit a row of %zd items "
-                         "of size %zd after %zd",
-                         k, part.itemsize, m, cap, item, total);
-            return -1;
         }
-        memcpy(dst + total * item, part.buf, (size_t)part.len);
-        PyBuffer_Release(&part);
         if (m > 0) {
             id++;
             if (segs) {
@@ -346,11 +366,22 @@ static Py_ssize_t assemble_row(PyObject *pieces, Py_ssize_t column, char *dst, P
     return total;
 }
 
+/* Whether span is zephon._tokens.Span (whose instances are ZSpans): 1, or 0 (raised). */
+static int zspan_type_ok(PyObject *span) {
+    if (!PyType_Check(span) || strcmp(((PyTypeObject *)span)->tp_name, "zephon._tokens.Span") ||
+        ((PyTypeObject *)span)->tp_basicsize != (Py_ssize_t)sizeof(ZSpan)) {
+        PyErr_SetString(PyExc_TypeError, "span must be zephon._tokens.Span");
+        return 0;
+    }
+    return 1;
+}
+
 PyDoc_STRVAR(assemble_rows_doc,
-             "assemble_rows(rows, column, out, pad, seg, pos, /) -> None\n\n"
+             "assemble_rows(rows, column, out, pad, seg, pos, span=None, /) -> None\n\n"
              "Packed rows (RowAssembler in zephon/operators/assembly.py is the same in numpy):\n"
              "rows is a list of rows, each a tuple or list of pieces, each a sequence whose item\n"
-             "column is a 1-D contiguous array; out is a 2-D contiguous writable array of\n"
+             "column is a 1-D contiguous array, or a token span of type span (None: no span\n"
+             "type), whose tokens are widened to int32; out is a 2-D contiguous writable array of\n"
              "len(rows) rows. Row i's pieces' arrays are copied, in order, into row i of out\n"
              "(every part of out's item size; row_formats checks their formats) and the rest of\n"
              "that row is filled with pad (the bytes of one item). seg and pos, int32 arrays of\n"
@@ -358,12 +389,20 @@ PyDoc_STRVAR(assemble_rows_doc,
              "takes none) and position within its piece, 0 after the pieces.");
 
 static PyObject *py_assemble_rows(PyObject *Py_UNUSED(self), PyObject *args) {
-    PyObject *rows, *out_obj, *seg_obj, *pos_obj;
+    PyObject *rows, *out_obj, *seg_obj, *pos_obj, *span_obj = Py_None;
     Py_ssize_t column;
     Py_buffer pad;
-    if (!PyArg_ParseTuple(args, "O!nOy*OO:assemble_rows", &PyList_Type, &rows, &column, &out_obj,
-                          &pad, &seg_obj, &pos_obj)) {
+    if (!PyArg_ParseTuple(args, "O!nOy*OO|O:assemble_rows", &PyList_Type, &rows, &column, &out_obj,
+                          &pad, &seg_obj, &pos_obj, &span_obj)) {
         return NULL;
+    }
+    PyTypeObject *span_type = NULL;
+    if (span_obj != Py_None) {
+        if (!zspan_type_ok(span_obj)) {
+            PyBuffer_Release(&pad);
+            return NULL;
+        }
+        span_type = (PyTypeObject *)span_obj;
     }
     PyObject *result = NULL;
     Py_buffer out = {0}, seg = {0}, pos = {0};
@@ -392,7 +431,7 @@ static PyObject *py_assemble_rows(PyObject *Py_UNUSED(self), PyObject *args) {
         int32_t *segs = have_seg ? (int32_t *)seg.buf + r * cap : NULL;
         int32_t *poss = have_pos ? (int32_t *)pos.buf + r * cap : NULL;
         if (assemble_row(pieces, column, (char *)out.buf + r * cap * item, item, cap, pad.buf,
-                         segs, poss) < 0) {
+                         segs, poss, span_type) < 0) {
             goto done;
         }
     }
@@ -659,26 +698,31 @@ static int one_whole_sample(PyObject *whole) {
 }
 
 PyDoc_STRVAR(split_pieces_doc,
-             "split_pieces(piece, contributor, ndarray, datas, contribs, mixes, key, max_len, /)\n"
-             "-> list | None\n\n"
+             "split_pieces(piece, contributor, ndarray, span, datas, contribs, mixes, key,\n"
+             "max_len, /) -> list | None\n\n"
              "The fused split -> pack stage's pieces of pre-tokenized samples (_Pieces in\n"
              "zephon/stages/split_pack.py is the same in Python): sample k is datas[k][key], a\n"
-             "1-D array of type exactly ndarray, with contributors contribs[k] and mix\n"
-             "mixes[k]. Up to max_len tokens it is one piece(contribs[k], mixes[k], (array,),\n"
-             "n); longer, it must be one whole sample of one component, and is cut every\n"
-             "max_len tokens into pieces ((contributor(chunk, offset, j, j == last),),\n"
-             "{component: tokens}, (array[lo:hi],), tokens). None (no error) where a sample is\n"
-             "not one of those: the Python code then says what is wrong.");
+             "1-D array of type exactly ndarray, or datas[k] itself, a token span of type span\n"
+             "(zephon._tokens.Span, or None: no spans), with contributors contribs[k] and mix mixes[k]. Up to\n"
+             "max_len tokens it is one piece(contribs[k], mixes[k], (array,) or the span, n);\n"
+             "longer, it must be one whole sample of one component, and is cut every max_len\n"
+             "tokens into pieces ((contributor(chunk, offset, j, j == last),), {component:\n"
+             "tokens}, (array[lo:hi],) or a span of those tokens, tokens). None (no error)\n"
+             "where a sample is not one of those: the Python code then says what is wrong.");
 
 static PyObject *py_split_pieces(PyObject *Py_UNUSED(self), PyObject *args) {
     PyTypeObject *piece_type, *contrib_type;
-    PyObject *ndarray, *datas, *contribs, *mixes, *key;
+    PyObject *ndarray, *span, *datas, *contribs, *mixes, *key;
     Py_ssize_t max_len;
-    if (!PyArg_ParseTuple(args, "O!O!OO!OO!On:split_pieces", &PyType_Type, &piece_type,
-                          &PyType_Type, &contrib_type, &ndarray, &PyList_Type, &datas, &contribs,
-                          &PyList_Type, &mixes, &key, &max_len)) {
+    if (!PyArg_ParseTuple(args, "O!O!OOO!OO!On:split_pieces", &PyType_Type, &piece_type,
+                          &PyType_Type, &contrib_type, &ndarray, &span, &PyList_Type, &datas,
+                          &contribs, &PyList_Type, &mixes, &key, &max_len)) {
         return NULL;
     }
+    if (span != Py_None && !zspan_type_ok(span)) {
+        return NULL;
+    }
+    PyTypeObject *span_type = span == Py_None ? NULL : (PyTypeObject *)span;
     if (!tuple_type_ok(piece_type) || !tuple_type_ok(contrib_type) || max_len < 1) {
         PyErr_SetString(PyExc_ValueError,
                         "split_pieces takes tuple types without a __dict__ and max_len >= 1");
@@ -701,24 +745,31 @@ static PyObject *py_split_pieces(PyObject *Py_UNUSED(self), PyObject *args) {
         return NULL;
     }
     for (Py_ssize_t k = 0; k < n; k++) {
-        PyObject *data = PyList_GET_ITEM(datas, k);
-        if (!PyDict_CheckExact(data)) {
-            goto off_path;
-        }
-        PyObject *ids = PyDict_GetItemWithError(data, key); /* borrowed */
-        if (ids == NULL) {
-            if (PyErr_Occurred()) {
-                goto fail;
+        PyObject *data = PyList_GET_ITEM(datas, k), *ids;
+        Py_ssize_t len;
+        int is_span = span_type != NULL && Py_TYPE(data) == span_type;
+        if (is_span) {
+            ids = data;
+            len = ((ZSpan *)data)->hi - ((ZSpan *)data)->lo;
+        } else {
+            if (!PyDict_CheckExact(data)) {
+                goto off_path;
             }
-            goto off_path;
-        }
-        Py_ssize_t len = one_d_length(ids, ndarray);
-        if (len < 0) {
-            goto off_path;
+            ids = PyDict_GetItemWithError(data, key); /* borrowed */
+            if (ids == NULL) {
+                if (PyErr_Occurred()) {
+                    goto fail;
+                }
+                goto off_path;
+            }
+            len = one_d_length(ids, ndarray);
+            if (len < 0) {
+                goto off_path;
+            }
         }
         PyObject *whole = wholes[k], *mix = PyList_GET_ITEM(mixes, k);
         if (len <= max_len) {
-            PyObject *arrays = PyTuple_Pack(1, ids);
+            PyObject *arrays = is_span ? Py_NewRef(ids) : PyTuple_Pack(1, ids);
             PyObject *items[4] = {Py_NewRef(whole), Py_NewRef(mix), arrays, PyLong_FromSsize_t(len)};
             PyObject *piece = new_tuple_of(piece_type, items, 4);
             if (piece == NULL || PyList_Append(out, piece) < 0) {
@@ -753,9 +804,15 @@ static PyObject *py_split_pieces(PyObject *Py_UNUSED(self), PyObject *args) {
             if (part_mix != NULL && PyDict_SetItem(part_mix, component, tokens) < 0) {
                 Py_CLEAR(part_mix);
             }
-            PyObject *part = PySequence_GetSlice(ids, lo, hi);
-            PyObject *arrays = part ? PyTuple_Pack(1, part) : NULL;
-            Py_XDECREF(part);
+            PyObject *arrays;
+            if (is_span) {
+                const ZSpan *of = (const ZSpan *)ids;
+                arrays = zspan_part(span_type, of, of->lo + lo, of->lo + hi);
+            } else {
+                PyObject *part = PySequence_GetSlice(ids, lo, hi);
+                arrays = part ? PyTuple_Pack(1, part) : NULL;
+                Py_XDECREF(part);
+            }
             PyObject *items[4] = {one, part_mix, arrays, tokens};
             if (one == NULL || part_mix == NULL || arrays == NULL || tokens == NULL) {
                 Py_XDECREF(one);

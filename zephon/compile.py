@@ -12,7 +12,9 @@ and what the runners execute (:meth:`Plan.build`): a head that turns a work chun
 records (reading its samples when the pipeline starts with a built-in ``fetch`` on one
 thread) and one step per operator, except where ``[tokenize ->] split -> pack`` on
 ``"tokens"`` run as one fused stage (:class:`~zephon.stages.split_pack.SplitPack`), which
-the replay filter lets know which lanes are replaying. ``explain()`` prints exactly that.
+the replay filter lets know which lanes are replaying; when that stage takes the head's
+pre-tokenized samples, the head reads documents of token files as spans of the mapped
+files (:attr:`Plan.spans`). ``explain()`` prints exactly that.
 """
 
 from __future__ import annotations
@@ -55,6 +57,10 @@ class Plan:
             their tokens: chosen when one process runs :data:`HOLD_TEXT_LANES` lanes or
             more (an elastic shrink onto few hosts), where every lane's held tokens add up;
             the batches are the same.
+        spans: the head reads the documents of datasets that offer token spans (token
+            files: :mod:`zephon.sources.token_span`) as spans of their mapped files,
+            copied once, into their rows: chosen where a fused ``split, pack`` (no
+            tokenize) takes what the head reads, which only that stage ever sees.
     """
 
     ops: list[Operator]
@@ -70,6 +76,7 @@ class Plan:
     padding: int | None
     readers: tuple[int, ...]
     hold_text: bool = False
+    spans: bool = False
 
     @property
     def replay_filter(self) -> ReplayFilter:
@@ -80,7 +87,7 @@ class Plan:
     def build(self, ops: list[Operator]) -> tuple[ReadChunks, list[Step]]:
         """The head and the steps that run ``ops`` (fresh copies of :attr:`ops`, index for
         index): what a runner executes."""
-        head = ReadChunks(ops[0] if self.reads else None)  # type: ignore[arg-type]
+        head = ReadChunks(ops[0] if self.reads else None, self.spans)  # type: ignore[arg-type]
         view = ReplayView(ops[self.filter_index].targets)  # type: ignore[attr-defined]
         fused = dict(self.fused)
         steps: list[Step] = []
@@ -174,6 +181,8 @@ def compile_plan(
         if n:
             fused.append((i, n))
         i += max(n, 1)
+    # The fused stage right after the head, without a tokenize, takes what it reads.
+    spans = reads and bool(fused) and fused[0] == (1, 2)
     return Plan(
         ops=full,
         eviction=eviction,
@@ -188,6 +197,7 @@ def compile_plan(
         padding=padding,
         readers=tuple(i for i, op in enumerate(full) if isinstance(op, Fetch)),
         hold_text=-(-lanes // max(workers, 1)) >= HOLD_TEXT_LANES,
+        spans=spans,
     )
 
 
@@ -237,7 +247,7 @@ def explain(plan: Plan) -> str:
     head, steps = plan.build(plan.ops)
     entries: list[tuple[str, str, int]] = []  # (mode, shown name, parallelism)
     if head.fetch is not None:
-        entries.append((MICROBATCHES, "fetch", 1))
+        entries.append((MICROBATCHES, "fetch[spans]" if head.spans else "fetch", 1))
     for step in steps:
         mode = STREAM_ITEMS if step.counts_itself else op_mode(step.run)
         entries.append((mode, step.name, step.run.parallelism))

@@ -86,6 +86,30 @@ def test_file_sources_run_with_workers(tmp_path: Path) -> None:
         pass
 
 
+def test_token_files_packed_from_spans_in_workers(tmp_path: Path) -> None:
+    # fetch -> split -> pack reads a token file's documents as spans of each worker's own
+    # mapping and writes rows from them into the ring: the batches of one process.
+    rng = np.random.default_rng(4)
+    lengths = np.minimum(rng.lognormal(3.0, 1.2, 400).astype(np.int64) + 1, 300)
+    ids = rng.integers(2, 60_000, int(lengths.sum()), dtype=np.uint16)
+    ids[np.cumsum(lengths) - 1] = 1
+    ids.tofile(tmp_path / "tokens.bin")
+
+    def build(workers: int) -> zp.Pipeline:
+        src = zp.StaticMixtureWorkSource(
+            [zp.TokenFileSource(tmp_path / "tokens.bin", eos_id=1)], seed=2, chunk_size=16
+        )
+        pipe = zp.Pipeline(src, canonical_replicas=4, workers=workers)
+        return pipe.fetch().split(64).pack(64, 4).batch(4)
+
+    with build(0) as pipe:
+        assert "fetch[spans]" in pipe.explain()
+        expected = take(pipe, 60)
+    with build(2) as pipe:
+        assert "fetch[spans]" in pipe.explain()
+        assert_same_batches(expected, take(pipe, 60))
+
+
 class SqliteRows:
     """A dataset over a SQLite table; it leaves a file named after each process that opens
     it. Its connection does not pickle."""

@@ -387,7 +387,15 @@ def test_pre_tokenized_pieces_made_in_c_are_the_python_ones() -> None:
         [[c] for (c,) in whole_samples(4, 0, 10)],
     ):
         got = split_pack._NATIVE.split_pieces(
-            split_pack.Piece, Contributor, np.ndarray, datas, contribs, mixes, "tokens", max_len
+            split_pack.Piece,
+            Contributor,
+            np.ndarray,
+            None,
+            datas,
+            contribs,
+            mixes,
+            "tokens",
+            max_len,
         )
         assert got is not None
         assert _same_pieces(got, _python_pieces(stage, datas, contribs, mixes))
@@ -421,7 +429,7 @@ def test_pre_tokenized_pieces_leave_the_c_path_for_anything_else(odd: Any) -> No
 
     datas = [*_pre_tokenized([3]), odd]
     got = split_pack._NATIVE.split_pieces(
-        split_pack.Piece, Contributor, np.ndarray, datas, whole_samples(0, 0, 2), [{0: 1}] * 2,
+        split_pack.Piece, Contributor, np.ndarray, None, datas, whole_samples(0, 0, 2), [{0: 1}] * 2,
         "tokens", 8,
     )  # fmt: skip
     assert got is None
@@ -442,7 +450,7 @@ def test_pre_tokenized_long_samples_that_are_not_one_whole_sample_leave_the_c_pa
     ):
         assert (
             native.split_pieces(
-                split_pack.Piece, Contributor, np.ndarray, datas, contribs, mixes, "tokens", 8
+                split_pack.Piece, Contributor, np.ndarray, None, datas, contribs, mixes, "tokens", 8
             )
             is None
         )
@@ -450,7 +458,9 @@ def test_pre_tokenized_long_samples_that_are_not_one_whole_sample_leave_the_c_pa
     with pytest.raises(ContractViolation, match="split whole samples once"):
         stage.process_batch([Record(datas[0], 0, piece[0], {0: 1})])
     with pytest.raises(ValueError, match="one length"):
-        native.split_pieces(split_pack.Piece, Contributor, np.ndarray, datas, [], [], "tokens", 8)
+        native.split_pieces(
+            split_pack.Piece, Contributor, np.ndarray, None, datas, [], [], "tokens", 8
+        )
 
 
 def _token_pipeline(path: Any, fused: bool) -> Any:
@@ -481,3 +491,144 @@ def test_pre_tokenized_fused_stage_gives_the_operators_batches_and_resumes_exact
     assert len(fused) == len(plain) > 50
     assert all(batches_equal(a, b) for a, b in zip(plain, fused, strict=True))
     assert_resumes_exactly(lambda: _token_pipeline(path, True))
+
+
+# ------------------------------------------------------------------ token spans
+
+
+def _spans_of(lengths: list[int], dtype: str = "uint16", seed: int = 0) -> list[Any]:
+    """Documents of ``lengths`` as spans of one array of ids (a token file as mapped)."""
+    from zephon.sources.token_span import Span
+
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, np.iinfo(dtype).max, sum(lengths), dtype=np.uint64).astype(dtype)
+    ends = np.cumsum([0, *lengths]).tolist()
+    return [Span(tokens, lo, hi) for lo, hi in zip(ends, ends[1:], strict=False)]
+
+
+def _as_arrays(pieces: list) -> list:
+    """Pieces whose arrays are spans as pieces of their tokens (what assembly reads)."""
+    return [p._replace(arrays=(p.arrays[0],)) for p in pieces]
+
+
+@pytest.mark.native
+@pytest.mark.parametrize("dtype", ["uint16", "uint32"])
+def test_token_span_pieces_made_in_c_are_the_python_ones_and_the_arrays_ones(dtype) -> None:
+    from zephon.records import whole_samples
+    from zephon.sources.token_span import NATIVE_SPAN
+    from zephon.stages import split_pack
+
+    assert split_pack._NATIVE is not None and NATIVE_SPAN is not None, "not built"
+    stage = SplitPack(None, Split(8), Pack(8, 2))
+    lengths = [0, 1, 7, 8, 9, 16, 17, 24, 25, 3]
+    spans = _spans_of(lengths, dtype)
+    # A token file's spans and another dataset's arrays in one chunk.
+    datas: list[Any] = [*spans[:5], {"tokens": spans[5][0]}, *spans[6:]]
+    arrays = [{"tokens": s[0]} for s in spans]
+    contribs = whole_samples(4, 10, 10 + len(datas))
+    mixes = [{k % 2: 1} for k in range(len(datas))]
+    got = split_pack._NATIVE.split_pieces(
+        split_pack.Piece, Contributor, np.ndarray, NATIVE_SPAN, datas, contribs, mixes,
+        "tokens", 8,
+    )  # fmt: skip
+    assert got is not None
+    assert all(type(p.arrays) is NATIVE_SPAN for p in got if p.contributors[0].offset != 15)
+    python = _python_pieces(stage, datas, contribs, mixes)
+    assert [(type(p.arrays), len(p.arrays)) for p in got] == [(type(p.arrays), 1) for p in python]
+    assert _same_pieces(_as_arrays(got), _as_arrays(python))
+    from_arrays = split_pack._NATIVE.split_pieces(
+        split_pack.Piece, Contributor, np.ndarray, None, arrays, contribs, mixes, "tokens", 8
+    )
+    assert _same_pieces(_as_arrays(got), from_arrays)
+    # Cut spans are spans of the same array, nothing copied.
+    (cut,) = [s for s in spans if s.hi - s.lo == 25]
+    parts = [p.arrays for p in got if p.contributors[0].offset == 18]
+    assert [(p.lo - cut.lo, p.hi - cut.lo) for p in parts] == [(0, 8), (8, 16), (16, 24), (24, 25)]
+    assert all(p.tokens is cut.tokens for p in parts)
+
+
+@pytest.mark.native
+def test_rows_of_token_spans_are_written_as_rows_of_their_tokens() -> None:
+    from zephon.operators import assembly
+    from zephon.operators.assembly import Piece, RowAssembler, row_parts
+    from zephon.sources.token_span import NATIVE_SPAN
+
+    assert NATIVE_SPAN is not None, "zephon._tokens is not built (native tests need it)"
+    rows = RowAssembler(12, ("tokens",), (), {}, None, None, {"tokens": 7})
+    spans = _spans_of([3, 0, 5, 4], "uint32", seed=2)  # ids past 2**31 wrap, as astype does
+    as_spans = [[Piece((), {}, s, s.hi - s.lo) for s in spans[:3]], [Piece((), {}, spans[3], 4)]]
+    as_arrays = [[p._replace(arrays=(p.arrays[0],)) for p in row] for row in as_spans]
+
+    for a, b in zip(as_spans, as_arrays, strict=True):
+        parts_a, parts_b = row_parts(a), row_parts(b)
+        got = rows.assemble(parts_a[2], parts_a[3], None)
+        want = rows.assemble_numpy(parts_b[2], parts_b[3], None)
+        assert got.keys() == want.keys()
+        assert all(np.array_equal(got[k], want[k]) and got[k].dtype == want[k].dtype for k in got)
+    with pytest.raises(ValueError, match="a span is one int32 column"):
+        assembly._NATIVE.assemble_rows(
+            [[spans[0]]], 0, np.empty((1, 8), np.int64), b"\0" * 8, None, None, NATIVE_SPAN
+        )
+    with pytest.raises(TypeError, match="span must be zephon._tokens.Span"):
+        assembly._NATIVE.assemble_rows(
+            [[spans[0]]], 0, np.empty((1, 8), np.int32), b"\0" * 4, None, None, tuple
+        )
+
+
+def test_the_plan_reads_token_spans_only_for_a_fused_split_pack_right_after_fetch() -> None:
+    split, pack = Split(64), Pack(64)
+    assert _plan([Fetch(), split, pack]).spans
+    assert _plan([Fetch(), split, pack, zp.operators.batch.Batch(2)]).spans
+    tok = Tokenize(zp.ByteTokenizer())
+    assert not _plan([Fetch(), tok, split, pack]).spans  # the tokenizer reads the samples
+    assert not _plan([Fetch(), Map(_keep), split, pack]).spans  # so does a map
+    assert not _plan([Fetch(), split, Map(_keep), pack]).spans  # nothing fused
+    assert not _plan([Fetch(parallelism=2), split, pack]).spans  # fetch runs as a step
+    assert not _plan([Fetch(), split, Pack(64, meta_features=("m",))]).spans
+
+
+def _mixed_pipeline(paths: list[Any], arrays: list[np.ndarray], fused: bool, **kw: Any) -> Any:
+    """Two token files (one uint32, several files) and an in-memory dataset of token arrays
+    mixed in every chunk; with ``fused=False`` a map keeps split and pack apart."""
+    src = zp.StaticMixtureWorkSource(
+        [
+            zp.TokenFileSource(paths[0], eos_id=1),
+            zp.TokenFileSource(paths[1:], dtype="uint32", eos_id=1),
+            zp.ArraySource([{"tokens": a} for a in arrays]),
+        ],
+        weights=[0.5, 0.3, 0.2],
+        seed=7,
+        chunk_size=12,
+        num_epochs=1,
+    )
+    pipe = zp.Pipeline(src, canonical_replicas=3, flush_every_k_chunks=3, prefetch=0, **kw)
+    pipe = pipe.fetch().split(40)
+    if not fused:
+        pipe = pipe.map(_keep)
+    return pipe.pack(48, 3).batch(2)
+
+
+def test_token_spans_mixed_with_other_samples_give_the_operators_batches(tmp_path) -> None:
+    rng = np.random.default_rng(9)
+
+    def write(path: Any, docs: int, dtype: str) -> Any:
+        lengths = np.minimum(rng.lognormal(2.5, 1.3, docs).astype(np.int64) + 1, 150)
+        tokens = rng.integers(2, np.iinfo(dtype).max, int(lengths.sum()), dtype=np.uint64)
+        tokens = tokens.astype(dtype)
+        tokens[np.cumsum(lengths) - 1] = 1
+        tokens.tofile(path)
+        return path
+
+    paths = [write(tmp_path / "a.bin", 120, "uint16")]
+    paths += [write(tmp_path / f"b{i}.bin", 40, "uint32") for i in range(2)]
+    arrays = [rng.integers(2, 900, int(n), dtype=np.int32) for n in rng.integers(1, 90, 60)]
+    with _mixed_pipeline(paths, arrays, True) as p:
+        assert "fetch[spans]@p1" in p.explain()
+        fused = take(p, 10_000)
+    with _mixed_pipeline(paths, arrays, False) as p:
+        assert "fetch[spans]" not in p.explain()
+        plain = take(p, 10_000)
+    assert len(fused) == len(plain) > 20
+    assert all(batches_equal(a, b) for a, b in zip(plain, fused, strict=True))
+    assert max(int(b["tokens"].max()) for b in fused) > 2**16  # the uint32 files' ids
+    assert_resumes_exactly(lambda: _mixed_pipeline(paths, arrays, True), cuts=[0, 2, 9, 30])

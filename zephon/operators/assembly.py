@@ -31,6 +31,7 @@ import numpy as np
 from zephon._native import load
 from zephon.operators.base import check_fits
 from zephon.records import Contributor, LazyRecord
+from zephon.sources.token_span import NATIVE_SPAN
 
 _INT32 = np.dtype(np.int32)
 _SCALARS = (bool, int, float, np.bool_, np.integer, np.floating)
@@ -321,12 +322,12 @@ class RowAssembler:
             buf = out[name]
             pad = self._pad_item(j, name, buf.dtype)
             if j >= n_features:
-                native.assemble_rows(rows, j, buf, pad, None, None)
+                native.assemble_rows(rows, j, buf, pad, None, None, NATIVE_SPAN)
             elif seg is None:
                 seg, pos = out[name + "_segment_ids"], out[name + "_positions"]
-                native.assemble_rows(rows, j, buf, pad, seg, pos)
+                native.assemble_rows(rows, j, buf, pad, seg, pos, NATIVE_SPAN)
             else:
-                native.assemble_rows(rows, j, buf, pad, None, None)
+                native.assemble_rows(rows, j, buf, pad, None, None, NATIVE_SPAN)
                 out[name + "_segment_ids"][...] = seg
                 out[name + "_positions"][...] = pos
 

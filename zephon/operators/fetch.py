@@ -9,7 +9,7 @@ from zephon.chunks import SamplePointer
 from zephon.operators.base import Operator, OpTraits, Output, PipelineContext
 from zephon.records import Record
 from zephon.sources._fs import reads_remote, thread_io_retries
-from zephon.sources.reading import read_many
+from zephon.sources.reading import read_many, read_token_spans
 
 
 class Fetch(Operator):
@@ -43,27 +43,32 @@ class Fetch(Operator):
         samples = self.read([c for c, _ in pointers], [i for _, i in pointers], lane)
         return [r.replace(s) for r, s in zip(records, samples, strict=True)]
 
-    def read(self, comps: list[int], indices: list[int], lane: int | None = None) -> list[Any]:
+    def read(
+        self, comps: list[int], indices: list[int], lane: int | None = None, spans: bool = False
+    ) -> list[Any]:
         """Sample ``k`` is row ``indices[k]`` of dataset ``comps[k]``; one read per dataset
         (a file source reads a batch with concurrent, coalesced range requests). Retries
-        the sources made on this thread are counted for ``lane``."""
+        the sources made on this thread are counted for ``lane``. With ``spans``, a
+        dataset that offers token spans gives them instead of its samples
+        (:func:`~zephon.sources.reading.read_token_spans`: only for the plan's fused
+        stage that takes them)."""
         before = thread_io_retries()
         try:
-            return self._read(comps, indices)
+            return self._read(comps, indices, read_token_spans if spans else read_many)
         finally:
             retried = thread_io_retries() - before
             if retried and lane is not None:
                 self.io_retries[lane] = self.io_retries.get(lane, 0) + retried
 
-    def _read(self, comps: list[int], indices: list[int]) -> list[Any]:
+    def _read(self, comps: list[int], indices: list[int], read: Any = read_many) -> list[Any]:
         if comps and comps.count(comps[0]) == len(comps):
-            return read_many(self._datasets[comps[0]], indices)
+            return read(self._datasets[comps[0]], indices)  # type: ignore[no-any-return]
         by_component: dict[int, list[int]] = {}
         for pos, c in enumerate(comps):
             by_component.setdefault(c, []).append(pos)
         samples: list[Any] = [None] * len(comps)
         for c, positions in by_component.items():
-            got = read_many(self._datasets[c], [indices[p] for p in positions])
+            got = read(self._datasets[c], [indices[p] for p in positions])
             for p, sample in zip(positions, got, strict=True):
                 samples[p] = sample
         return samples

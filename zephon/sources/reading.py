@@ -17,3 +17,20 @@ def read_many(dataset: Any, indices: list[int]) -> list[Any]:
             )
         return out
     return [dataset[i] for i in indices]
+
+
+def read_token_spans(dataset: Any, indices: list[int]) -> list[Any]:
+    """Rows ``indices`` of ``dataset`` as token spans (``dataset.token_spans(indices)``, see
+    :mod:`zephon.sources.token_span`) where it offers them and gives them (None: a token
+    file behind a URL), else as :func:`read_many` reads them."""
+    token_spans = getattr(dataset, "token_spans", None)
+    if token_spans is not None:
+        got = token_spans(indices)
+        if got is not None:
+            if len(got) != len(indices):
+                raise ValueError(
+                    f"{type(dataset).__name__}.token_spans returned {len(got)} spans for "
+                    f"{len(indices)} indices; it must return one per index"
+                )
+            return list(got)
+    return read_many(dataset, indices)

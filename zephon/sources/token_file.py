@@ -25,6 +25,7 @@ from zephon.sources._fs import (
 )
 from zephon.sources.identity import files_sample
 from zephon.sources.index_cache import FileIndexes, FileReader
+from zephon.sources.token_span import spans
 
 _DTYPES: dict[str, np.dtype[Any]] = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
 # Tokens compared per step when splitting at EOS: bounds the temporary bool array.
@@ -165,6 +166,28 @@ class TokenFileSource:
             raw = read_ranges("TokenFileSource", ranges, self._storage_options, self._timeout_s)
             for k, data in zip(remote, raw, strict=True):
                 out[k] = {"tokens": np.frombuffer(data, self._dtype).astype(np.int32)}
+        return out
+
+    def token_spans(self, indices: Sequence[int]) -> list[Any] | None:
+        """Documents at ``indices`` as :data:`~zephon.sources.token_span.Span` spans of the
+        mapped files (no copy: the tokens are copied once, into their packed row, by a
+        pipeline whose plan reads spans); None for files behind URLs, which are read.
+        An index that is not one gets the same error as :meth:`read`."""
+        if any(is_url(p) for p in self._paths):
+            return None
+        if len(self._paths) == 1:
+            got = spans(self._mapped(0), np.asarray(self._bounds(0), np.int64), indices)
+            if got is not None:
+                return got  # type: ignore[no-any-return]
+        files, lo, hi = self._spans(indices)  # (names an index that is not one)
+        out: list[Any] = [None] * len(files)
+        for f in np.unique(files).tolist():
+            where: list[int] = np.flatnonzero(files == f).tolist()
+            local = (np.asarray(indices)[where] - self._file_starts[f]).tolist()
+            got = spans(self._mapped(f), np.asarray(self._bounds(f), np.int64), local)
+            assert got is not None  # (checked above)
+            for k, span in zip(where, got, strict=True):
+                out[k] = span
         return out
 
     def token_offsets(self) -> np.ndarray:

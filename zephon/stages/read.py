@@ -6,6 +6,10 @@ counted as having run; otherwise the records carry sample pointers and the steps
 the first operator. The records are made when they are taken (:class:`ChunkRecords`), so a
 lane that runs its chunk in steps keeps the samples, not a record per sample.
 
+With ``spans`` (the plan's choice: :attr:`~zephon.compile.Plan.spans`) a dataset that
+offers token spans gives them instead of samples: a token file's documents as spans of the
+mapped file, for the fused split-pack stage that takes them.
+
 Over object storage a worker reads ahead: when a chunk arrives (a worker asks for two feed
 units per lane ahead), :meth:`ReadChunks.read_ahead` starts its read on a thread, and
 :meth:`ReadChunks.read` takes the result when the lane gets to the chunk. The samples are
@@ -71,10 +75,12 @@ class ReadChunks:
     Args:
         fetch: the leading built-in fetch to read with, or None (the records carry
             pointers and the steps start at the first operator).
+        spans: read token spans where a dataset offers them (see the module docstring).
     """
 
-    def __init__(self, fetch: Fetch | None) -> None:
+    def __init__(self, fetch: Fetch | None, spans: bool = False) -> None:
         self.fetch = fetch
+        self.spans = spans
         self.start = 0 if fetch is None else 1
         self._ahead: dict[tuple[int, int], Future[list[Any]]] = {}
         self._pool: ThreadPoolExecutor | None = None
@@ -91,7 +97,7 @@ class ReadChunks:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(READ_AHEAD_THREADS, thread_name_prefix="zephon-read")
         comps, indices = chunk.components.tolist(), chunk.indices.tolist()
-        self._ahead[key] = self._pool.submit(fetch.read, comps, indices, chunk.lane)
+        self._ahead[key] = self._pool.submit(fetch.read, comps, indices, chunk.lane, self.spans)
 
     def read(self, chunk: WorkChunk) -> ChunkRecords:
         comps = chunk.components.tolist()
@@ -100,9 +106,8 @@ class ReadChunks:
         ahead = self._ahead.pop((chunk.lane, chunk.chunk_id), None) if self._ahead else None
         if ahead is not None:
             return ChunkRecords(chunk, comps, ahead.result())
-        return ChunkRecords(
-            chunk, comps, self.fetch.read(comps, chunk.indices.tolist(), chunk.lane)
-        )
+        samples = self.fetch.read(comps, chunk.indices.tolist(), chunk.lane, self.spans)
+        return ChunkRecords(chunk, comps, samples)
 
     @property
     def name(self) -> str:

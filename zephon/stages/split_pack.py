@@ -35,6 +35,7 @@ from zephon.operators.pack import Pack
 from zephon.operators.split import Split, cut_bounds
 from zephon.operators.tokenize import Tokenize
 from zephon.records import Contributor, FlushSentinel, Record, whole_samples
+from zephon.sources.token_span import NATIVE_SPAN, Span
 from zephon.stages.base import ReplayView
 
 _INT32 = np.dtype(np.int32)
@@ -325,18 +326,29 @@ class _Pieces:
         self.contribs, self.mixes, self.texts, self.lazy = contribs, mixes, texts, lazy
         max_len, cap = stage.split.max_len, stage.pack.seq_len
         tokenized = stage.tokenize is not None
-        if arrays is None:  # pre-tokenized: the samples' own arrays
+        if arrays is None:  # pre-tokenized: the samples' own arrays, or token spans
             got = (
                 _NATIVE.split_pieces(
-                    Piece, Contributor, np.ndarray, datas, contribs, mixes, "tokens", max_len
-                )
+                    Piece,
+                    Contributor,
+                    np.ndarray,
+                    NATIVE_SPAN,
+                    datas,
+                    contribs,
+                    mixes,
+                    "tokens",
+                    max_len,
+                )  # fmt: skip
                 if _NATIVE is not None and type(datas) is list and type(mixes) is list
                 else None
             )
             if got is not None:  # the common path below, in one C call
                 self.pieces = got
                 return
-            arrays = [d.get("tokens") if type(d) is dict else None for d in datas]
+            arrays = [
+                d if type(d) is Span else d.get("tokens") if type(d) is dict else None
+                for d in datas
+            ]
         self.pieces = []
         pieces = self.pieces
         docs = _Docs(texts, arrays, stage.tokenize, keep) if lazy else None  # type: ignore[arg-type]
@@ -346,10 +358,13 @@ class _Pieces:
             if docs is not None:
                 n = ids  # a count
             elif not tokenized:
-                if not isinstance(ids, ndarray) or ids.ndim != 1:  # split and pack say why
+                if type(ids) is Span:
+                    n = ids.hi - ids.lo
+                elif not isinstance(ids, ndarray) or ids.ndim != 1:  # split and pack say why
                     self._slow(k, None)
                     continue
-                n = len(ids)
+                else:
+                    n = len(ids)
             else:
                 if type(ids) is not ndarray or ids.dtype is not _INT32:
                     ids = np.asarray(ids, _INT32)
@@ -362,7 +377,10 @@ class _Pieces:
                 # Tokenized, a sample weighs its tokens; pre-tokenized, split and pack
                 # leave its mix as it came.
                 mix = {next(iter(mixes[k])): n} if tokenized else mixes[k]
-                arrays_k = _Doc(docs, k) if docs is not None else (ids,)
+                if docs is not None:
+                    arrays_k: Any = _Doc(docs, k)
+                else:
+                    arrays_k = ids if type(ids) is Span else (ids,)
                 pieces.append(new(Piece, (whole, mix, arrays_k, n)))
             elif len(whole) != 1 or whole[0][2:] != (0, True):
                 self._slow(k, ids if tokenized else None)  # split's error
@@ -374,7 +392,13 @@ class _Pieces:
                 for child in range(last + 1):
                     lo, hi = bounds[child], bounds[child + 1]
                     one = (new(Contributor, (chunk_id, offset, child, child == last)),)
-                    part = _Span(docs, k, lo, hi) if docs is not None else (ids[lo:hi],)
+                    part: Any
+                    if docs is not None:
+                        part = _Span(docs, k, lo, hi)
+                    elif type(ids) is Span:
+                        part = Span(ids.tokens, ids.lo + lo, ids.lo + hi)
+                    else:
+                        part = (ids[lo:hi],)
                     pieces.append(new(Piece, (one, {component: hi - lo}, part, hi - lo)))
 
     def _slow(self, k: int, ids: Any) -> None:
@@ -397,4 +421,7 @@ class _Pieces:
             ids = np.asarray(self.stage.tokenize.tokenizer.encode(self.texts[k]), _INT32)  # type: ignore[union-attr]
             (component,) = self.mixes[k]
             return Record({"tokens": ids}, self.lane, list(self.contribs[k]), {component: len(ids)})
-        return Record(self.datas[k], self.lane, list(self.contribs[k]), self.mixes[k])
+        data = self.datas[k]
+        if type(data) is Span:  # a token span as the sample it stands for
+            data = {"tokens": data[0]}
+        return Record(data, self.lane, list(self.contribs[k]), self.mixes[k])
