@@ -20,19 +20,19 @@
  * The GIL is released while it runs.
  *
  * assemble_rows(rows, column, out, pad, seg, pos, span): packed rows (RowAssembler.assemble),
- * row i of a 2-D out from the pieces rows[i]: each piece's item column copied in order (a
- * piece that is a token span of type span, its tokens widened to int32), pad after them,
- * each token's piece number and position.
+ * row i of a 2-D out from the pieces rows[i]: each piece's arrays' item column copied in
+ * order (arrays that are a token span of type span: its tokens widened to int32), pad after
+ * them, each token's piece number and position.
  *
  * row_formats(rows, columns, ndarray, lazy): the buffer format of each of the first columns
- * items of every piece of rows, where for each column they are all 1-D contiguous arrays
- * (exactly ndarray) of one format (a piece that is not a tuple counts as lazy's format for
- * column 0 and for no other); else None. What batch asks before it allocates the rows.
+ * items of the arrays of every piece of rows, where for each column they are all 1-D
+ * contiguous arrays (exactly ndarray) of one format (arrays that are not a tuple count as
+ * lazy's format for column 0 and for no other); else None. What batch asks before it
+ * allocates the rows.
  *
- * row_parts(pieces): what a packed row keeps of its pieces (PackedRow in
- * zephon/operators/assembly.py does the same in Python): their contributors one after
- * another, their per-component token counts summed, and their arrays, lengths and counts as
- * tuples.
+ * parts(rows): the contributors of the pieces of rows one after another and their
+ * per-component token counts summed (zephon/operators/assembly.py's parts is the same in
+ * Python): a packed row's, or a batch's of packed rows.
  *
  * split_pieces(piece, contributor, ndarray, span, datas, contribs, mixes, key, max_len): the
  * fused split -> pack stage's pieces of pre-tokenized samples or token spans (span.h)
@@ -283,9 +283,20 @@ static int int32_row(PyObject *obj, Py_buffer *view, Py_ssize_t cap, const char 
     return 1;
 }
 
-/* Item column of each of pieces (a sequence: a tuple or list, of sequences) into dst (cap
- * items of item bytes), pad after; segs/poss (cap int32s each, or NULL) get piece numbers
- * and positions. The tokens copied, or -1 (raised). */
+/* The arrays of piece k (a Piece: a tuple (contributors, mix, arrays, length)), borrowed;
+ * NULL (raised) where it is not one. */
+static PyObject *piece_arrays(PyObject *piece, Py_ssize_t k) {
+    if (!PyTuple_Check(piece) || PyTuple_GET_SIZE(piece) != 4) {
+        PyErr_Format(PyExc_TypeError, "piece %zd must be a Piece (a tuple of 4)", k);
+        return NULL;
+    }
+    return PyTuple_GET_ITEM(piece, 2);
+}
+
+/* Item column of the arrays of each of pieces (a tuple or list of Pieces, whose arrays are
+ * sequences, or token spans of span_type) into dst (cap items of item bytes), pad after;
+ * segs/poss (cap int32s each, or NULL) get piece numbers and positions. The tokens copied,
+ * or -1 (raised). */
 static Py_ssize_t assemble_row(PyObject *pieces, Py_ssize_t column, char *dst, Py_ssize_t item,
                                Py_ssize_t cap, const char *pad, int32_t *segs, int32_t *poss,
                                PyTypeObject *span_type) {
@@ -294,9 +305,13 @@ static Py_ssize_t assemble_row(PyObject *pieces, Py_ssize_t column, char *dst, P
     int32_t id = 0;
     for (Py_ssize_t k = 0; k < n; k++) {
         Py_ssize_t m;
-        if (span_type != NULL && Py_TYPE(items[k]) == span_type) {
+        PyObject *arrays = piece_arrays(items[k], k);
+        if (arrays == NULL) {
+            return -1;
+        }
+        if (span_type != NULL && Py_TYPE(arrays) == span_type) {
             /* a token span: its tokens straight from the file, widened to int32 */
-            const ZSpan *span = (const ZSpan *)items[k];
+            const ZSpan *span = (const ZSpan *)arrays;
             m = span->hi - span->lo;
             if (column != 0 || item != 4 || total + m > cap) {
                 PyErr_Format(PyExc_ValueError,
@@ -308,7 +323,7 @@ static Py_ssize_t assemble_row(PyObject *pieces, Py_ssize_t column, char *dst, P
             zspan_copy(span, (int32_t *)(dst + total * item));
         } else {
             Py_buffer part;
-            PyObject *array = PySequence_GetItem(items[k], column);
+            PyObject *array = PySequence_GetItem(arrays, column);
             if (array == NULL) {
                 return -1;
             }
@@ -379,9 +394,10 @@ static int zspan_type_ok(PyObject *span) {
 PyDoc_STRVAR(assemble_rows_doc,
              "assemble_rows(rows, column, out, pad, seg, pos, span=None, /) -> None\n\n"
              "Packed rows (RowAssembler in zephon/operators/assembly.py is the same in numpy):\n"
-             "rows is a list of rows, each a tuple or list of pieces, each a sequence whose item\n"
-             "column is a 1-D contiguous array, or a token span of type span (None: no span\n"
-             "type), whose tokens are widened to int32; out is a 2-D contiguous writable array of\n"
+             "rows is a list of rows, each a tuple or list of Pieces, whose arrays are each a\n"
+             "sequence whose item column is a 1-D contiguous array, or a token span of type span\n"
+             "(None: no span type), whose tokens are widened to int32; out is a 2-D contiguous\n"
+             "writable array of\n"
              "len(rows) rows. Row i's pieces' arrays are copied, in order, into row i of out\n"
              "(every part of out's item size; row_formats checks their formats) and the rest of\n"
              "that row is filled with pad (the bytes of one item). seg and pos, int32 arrays of\n"
@@ -473,12 +489,12 @@ static int array_format(PyObject *a, PyObject *ndarray, char *out) {
 
 PyDoc_STRVAR(row_formats_doc,
              "row_formats(rows, columns, ndarray, lazy, /) -> tuple[str, ...] | None\n\n"
-             "rows is a list of rows, each a tuple or list of pieces, each a tuple of arrays (or\n"
-             "a piece made when read, which is not a tuple). For each of the first columns\n"
-             "items of the pieces: the buffer format they share where every one is a 1-D\n"
-             "contiguous array of type ndarray (a piece that is not a tuple counts as format\n"
-             "lazy for column 0 and fails any other); None where any is not, or a row is\n"
-             "empty.");
+             "rows is a list of rows, each a tuple or list of Pieces, whose arrays are a tuple\n"
+             "of arrays (or arrays made when read, which are not a tuple). For each of the first\n"
+             "columns items of the pieces' arrays: the buffer format they share where every one\n"
+             "is a 1-D contiguous array of type ndarray (arrays that are not a tuple count as\n"
+             "format lazy for column 0 and fail any other); None where any is not, a piece is\n"
+             "not a Piece, or a row is empty.");
 
 static PyObject *py_row_formats(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *rows, *ndarray, *lazy;
@@ -520,17 +536,20 @@ static PyObject *py_row_formats(PyObject *Py_UNUSED(self), PyObject *args) {
             goto none;
         }
         for (Py_ssize_t k = 0; k < n; k++) {
-            PyObject *piece = items[k];
-            int whole = PyTuple_Check(piece);
+            if (!PyTuple_Check(items[k]) || PyTuple_GET_SIZE(items[k]) != 4) {
+                goto none;
+            }
+            PyObject *arrays = PyTuple_GET_ITEM(items[k], 2);
+            int whole = PyTuple_Check(arrays);
             if (!whole && columns > 1) {
                 goto none;
             }
-            if (whole && PyTuple_GET_SIZE(piece) < columns) {
+            if (whole && PyTuple_GET_SIZE(arrays) < columns) {
                 goto none;
             }
             for (Py_ssize_t j = 0; j < columns; j++) {
                 if (whole) {
-                    if (!array_format(PyTuple_GET_ITEM(piece, j), ndarray, format)) {
+                    if (!array_format(PyTuple_GET_ITEM(arrays, j), ndarray, format)) {
                         goto none;
                     }
                 } else {
@@ -560,75 +579,74 @@ none:
     Py_RETURN_NONE;
 }
 
-PyDoc_STRVAR(row_parts_doc,
-             "row_parts(pieces, /) -> (contributors, mix, arrays, lengths, mixes)\n\n"
-             "pieces is a list of pieces, each a tuple (contributors, mix, arrays, length) whose\n"
-             "contributors is a tuple or list and mix a dict of component -> tokens. Returns\n"
-             "every piece's contributors in one list, in order; the mixes summed per component\n"
-             "(a new dict, components in the order first seen); and the pieces' arrays, lengths\n"
-             "and mixes as three tuples (PackedRow's columns).");
+PyDoc_STRVAR(parts_doc,
+             "parts(rows, /) -> (contributors, mix)\n\n"
+             "rows is a list of rows, each a tuple or list of Pieces, each a tuple (contributors,\n"
+             "mix, arrays, length) whose contributors is a tuple or list and mix a dict of\n"
+             "component -> tokens. Returns every piece's contributors in one list, in order, and the mixes\n"
+             "summed per component (a new dict, components in the order first seen).");
 
-static PyObject *py_row_parts(PyObject *Py_UNUSED(self), PyObject *pieces) {
-    if (!PyList_Check(pieces)) {
-        PyErr_SetString(PyExc_TypeError, "row_parts takes a list of pieces");
+static PyObject *py_parts(PyObject *Py_UNUSED(self), PyObject *rows) {
+    if (!PyList_Check(rows)) {
+        PyErr_SetString(PyExc_TypeError, "parts takes a list of rows");
         return NULL;
     }
-    Py_ssize_t n = PyList_GET_SIZE(pieces);
     PyObject *contributors = PyList_New(0), *mix = PyDict_New();
-    PyObject *arrays = PyTuple_New(n), *lengths = PyTuple_New(n), *mixes = PyTuple_New(n);
-    if (!contributors || !mix || !arrays || !lengths || !mixes) {
+    if (!contributors || !mix) {
         goto fail;
     }
-    for (Py_ssize_t k = 0; k < n; k++) {
-        PyObject *piece = PyList_GET_ITEM(pieces, k);
-        if (!PyTuple_Check(piece) || PyTuple_GET_SIZE(piece) != 4) {
-            PyErr_Format(PyExc_TypeError, "piece %zd must be a Piece (a tuple of 4)", k);
+    for (Py_ssize_t r = 0; r < PyList_GET_SIZE(rows); r++) {
+        PyObject *pieces = PyList_GET_ITEM(rows, r);
+        if (!PyList_Check(pieces) && !PyTuple_Check(pieces)) {
+            PyErr_Format(PyExc_TypeError, "row %zd must be a tuple or list of pieces", r);
             goto fail;
         }
-        PyObject *contribs = PyTuple_GET_ITEM(piece, 0), *m = PyTuple_GET_ITEM(piece, 1);
-        if (!PyTuple_Check(contribs) && !PyList_Check(contribs)) {
-            PyErr_Format(PyExc_TypeError, "piece %zd's contributors must be a tuple or list", k);
-            goto fail;
-        }
-        if (!PyDict_Check(m)) {
-            PyErr_Format(PyExc_TypeError, "piece %zd's component tokens must be a dict", k);
-            goto fail;
-        }
-        Py_ssize_t c = PySequence_Fast_GET_SIZE(contribs);
-        PyObject **items = PySequence_Fast_ITEMS(contribs);
-        for (Py_ssize_t i = 0; i < c; i++) {
-            if (PyList_Append(contributors, items[i]) < 0) {
+        for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(pieces); k++) {
+            PyObject *piece = PySequence_Fast_ITEMS(pieces)[k];
+            if (!PyTuple_Check(piece) || PyTuple_GET_SIZE(piece) != 4) {
+                PyErr_Format(PyExc_TypeError, "piece %zd must be a Piece (a tuple of 4)", k);
                 goto fail;
             }
+            PyObject *contribs = PyTuple_GET_ITEM(piece, 0), *m = PyTuple_GET_ITEM(piece, 1);
+            if (!PyTuple_Check(contribs) && !PyList_Check(contribs)) {
+                PyErr_Format(PyExc_TypeError, "piece %zd's contributors must be a tuple or list",
+                             k);
+                goto fail;
+            }
+            if (!PyDict_Check(m)) {
+                PyErr_Format(PyExc_TypeError, "piece %zd's component tokens must be a dict", k);
+                goto fail;
+            }
+            Py_ssize_t c = PySequence_Fast_GET_SIZE(contribs);
+            PyObject **items = PySequence_Fast_ITEMS(contribs);
+            for (Py_ssize_t i = 0; i < c; i++) {
+                if (PyList_Append(contributors, items[i]) < 0) {
+                    goto fail;
+                }
+            }
+            Py_ssize_t pos = 0;
+            PyObject *comp, *tokens;
+            while (PyDict_Next(m, &pos, &comp, &tokens)) {
+                PyObject *seen = PyDict_GetItemWithError(mix, comp); /* borrowed */
+                if (seen == NULL && PyErr_Occurred()) {
+                    goto fail;
+                }
+                PyObject *sum = seen == NULL ? Py_NewRef(tokens) : PyNumber_Add(seen, tokens);
+                if (sum == NULL) {
+                    goto fail;
+                }
+                int bad = PyDict_SetItem(mix, comp, sum);
+                Py_DECREF(sum);
+                if (bad < 0) {
+                    goto fail;
+                }
+            }
         }
-        Py_ssize_t pos = 0;
-        PyObject *comp, *tokens;
-        while (PyDict_Next(m, &pos, &comp, &tokens)) {
-            PyObject *seen = PyDict_GetItemWithError(mix, comp);  /* borrowed */
-            if (seen == NULL && PyErr_Occurred()) {
-                goto fail;
-            }
-            PyObject *sum = seen == NULL ? Py_NewRef(tokens) : PyNumber_Add(seen, tokens);
-            if (sum == NULL) {
-                goto fail;
-            }
-            int bad = PyDict_SetItem(mix, comp, sum);
-            Py_DECREF(sum);
-            if (bad < 0) {
-                goto fail;
-            }
-        }
-        PyTuple_SET_ITEM(arrays, k, Py_NewRef(PyTuple_GET_ITEM(piece, 2)));
-        PyTuple_SET_ITEM(lengths, k, Py_NewRef(PyTuple_GET_ITEM(piece, 3)));
-        PyTuple_SET_ITEM(mixes, k, Py_NewRef(m));
     }
-    return Py_BuildValue("(NNNNN)", contributors, mix, arrays, lengths, mixes);
+    return Py_BuildValue("(NN)", contributors, mix);
 fail:
     Py_XDECREF(contributors);
     Py_XDECREF(mix);
-    Py_XDECREF(arrays);
-    Py_XDECREF(lengths);
-    Py_XDECREF(mixes);
     return NULL;
 }
 
@@ -995,7 +1013,7 @@ static PyMethodDef methods[] = {
     {"place_into", py_place_into, METH_VARARGS, place_into_doc},
     {"assemble_rows", py_assemble_rows, METH_VARARGS, assemble_rows_doc},
     {"row_formats", py_row_formats, METH_VARARGS, row_formats_doc},
-    {"row_parts", py_row_parts, METH_O, row_parts_doc},
+    {"parts", py_parts, METH_O, parts_doc},
     {"split_pieces", py_split_pieces, METH_VARARGS, split_pieces_doc},
     {"bin_rows", py_bin_rows, METH_VARARGS, bin_rows_doc},
     {NULL, NULL, 0, NULL},

@@ -87,7 +87,9 @@ class Record:
         it being built and copied there, or None (this default) where nothing can. Records
         of one writer go into a batch at once where ``writer.batch_layout(records)`` gives
         ``[(name, shape, dtype), ...]`` (not None): ``writer.write_rows(records, arrays)``
-        then fills an empty array of ``(len(records), *shape)`` per name."""
+        then fills an empty array of ``(len(records), *shape)`` per name; and
+        ``writer.parts(records)`` gives their contributors one after another and their
+        component tokens summed (the batch's)."""
         return None
 
     def replace(self, data: Any) -> Record:

@@ -103,7 +103,7 @@ def test_text_held_keeps_no_tokens_in_waiting_rows(monkeypatch: pytest.MonkeyPat
         waiting = [r for r in rows if not r.built]
         assert waiting
         for r in waiting:
-            for arrays in r._arrays:
+            for arrays in (p.arrays for p in r._pieces):
                 assert type(arrays) is not tuple  # a lazy piece: text and a count
                 docs_of = arrays.docs
                 assert not docs_of.keep and not docs_of.ids  # no tokens kept

@@ -550,7 +550,7 @@ def test_token_span_pieces_made_in_c_are_the_python_ones_and_the_arrays_ones(dty
 @pytest.mark.native
 def test_rows_of_token_spans_are_written_as_rows_of_their_tokens() -> None:
     from zephon.operators import assembly
-    from zephon.operators.assembly import Piece, RowAssembler, row_parts
+    from zephon.operators.assembly import Piece, RowAssembler, columns
     from zephon.sources.token_span import NATIVE_SPAN
 
     assert NATIVE_SPAN is not None, "zephon._tokens is not built (native tests need it)"
@@ -560,18 +560,17 @@ def test_rows_of_token_spans_are_written_as_rows_of_their_tokens() -> None:
     as_arrays = [[p._replace(arrays=(p.arrays[0],)) for p in row] for row in as_spans]
 
     for a, b in zip(as_spans, as_arrays, strict=True):
-        parts_a, parts_b = row_parts(a), row_parts(b)
-        got = rows.assemble(parts_a[2], parts_a[3], None)
-        want = rows.assemble_numpy(parts_b[2], parts_b[3], None)
+        got = rows.assemble(a)
+        want = rows.assemble_numpy(*columns(b))
         assert got.keys() == want.keys()
         assert all(np.array_equal(got[k], want[k]) and got[k].dtype == want[k].dtype for k in got)
     with pytest.raises(ValueError, match="a span is one int32 column"):
         assembly._NATIVE.assemble_rows(
-            [[spans[0]]], 0, np.empty((1, 8), np.int64), b"\0" * 8, None, None, NATIVE_SPAN
+            [as_spans[0]], 0, np.empty((1, 8), np.int64), b"\0" * 8, None, None, NATIVE_SPAN
         )
     with pytest.raises(TypeError, match="span must be zephon._tokens.Span"):
         assembly._NATIVE.assemble_rows(
-            [[spans[0]]], 0, np.empty((1, 8), np.int32), b"\0" * 4, None, None, tuple
+            [as_spans[0]], 0, np.empty((1, 8), np.int32), b"\0" * 4, None, None, tuple
         )
 
 

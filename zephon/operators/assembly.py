@@ -22,15 +22,14 @@ feature; numpy assembles every other row, and every row with ``ZEPHON_PURE_PYTHO
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from itertools import chain
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from zephon._native import load
 from zephon.operators.base import check_fits
-from zephon.records import Contributor, LazyRecord
+from zephon.records import Contributor, LazyRecord, SampleCursor
 from zephon.sources.token_span import NATIVE_SPAN
 
 _INT32 = np.dtype(np.int32)
@@ -57,43 +56,52 @@ class PackedRow(LazyRecord):
     written straight into a row of a batch's arrays (:meth:`RowAssembler.write_rows`) where
     C assembles it (see :meth:`RowAssembler.batch_layout`).
 
-    It keeps of its pieces only what assembly reads, as columns: their arrays, their
-    lengths and, with a component feature, their per-component token counts (the
-    contributors and the mix are the record's). A row may wait long (in a shuffle buffer;
-    a process of thousands of lanes holds tens of thousands), and every object it holds is
-    one more for CPython's collector to scan: a waiting row is a few objects, not a few
-    per piece.
+    It keeps its pieces as the bin held them, and makes its contributors and mix (a list
+    and a dict) only when something asks for them: a row that goes straight into a batch
+    never does, because ``batch`` makes the batch's own in one call over its rows' pieces
+    (:meth:`RowAssembler.parts`). Its cursor is its first piece's first contributor.
     """
 
-    __slots__ = ("_rows", "_arrays", "_lengths", "_mixes")
+    __slots__ = ("_rows", "_pieces", "_parts")
 
-    def __init__(
-        self,
-        rows: RowAssembler,
-        pieces: list[Piece],
-        lane: int,
-    ) -> None:
-        # One transposition: the pieces' columns as tuples (once the collector has seen one
-        # holding only untracked things, ints or tuples of arrays, it stops tracking it).
-        contributors, mix, arrays, lengths, mixes = (
-            _NATIVE.row_parts(pieces) if _NATIVE is not None else row_parts(pieces)
-        )
-        super().__init__(_unbuilt, lane, contributors, mix)
+    def __init__(self, rows: RowAssembler, pieces: list[Piece], lane: int) -> None:
+        # Not LazyRecord.__init__: a row has no builder object and no contributors list
+        # until they are asked for (one row per few documents: these few lines count).
+        self._build = _unbuilt
+        self.lane = lane
         self._rows = rows
-        self._arrays = arrays
-        self._lengths = lengths
-        self._mixes = mixes if rows.component_feature is not None else None
+        self._pieces = pieces
+        self._parts: tuple[list[Contributor], dict[int, int]] | None = None
+
+    @property  # type: ignore[override]
+    def contributors(self) -> list[Contributor]:
+        parts = self._parts
+        if parts is None:
+            parts = self._parts = parts_of([self._pieces])
+        return parts[0]
+
+    @property  # type: ignore[override]
+    def component_tokens(self) -> dict[int, int]:
+        parts = self._parts
+        if parts is None:
+            parts = self._parts = parts_of([self._pieces])
+        return parts[1]
+
+    @property
+    def cursor(self) -> SampleCursor:
+        first = self._pieces[0][0][0]
+        return SampleCursor(self.lane, first[0], first[1], first[2])
 
     def materialize(self, allocate: Any) -> Any:
         if self._build is not None:  # the setter marks it built
-            self.data = self._rows.assemble(self._arrays, self._lengths, self._mixes)
+            self.data = self._rows.assemble(self._pieces)
         return super().materialize(allocate)
 
     def row_writer(self) -> RowAssembler | None:
         """Its pack's assembler until its data is read (see
         :meth:`zephon.records.Record.row_writer`): the rows of one pack go into their batch
         in one C call per feature where :meth:`RowAssembler.batch_layout` allows."""
-        return None if self.built else self._rows
+        return self._rows if self._build is not None else None
 
 
 def _unbuilt(_: Any) -> Any:
@@ -190,17 +198,11 @@ class RowAssembler:
             check_fits(f"pack(pad_values={{{name!r}: {pad!r}}})", name, pad, dtype)
             self._checked.add((column, dtype))
 
-    def assemble(
-        self,
-        arrays: Sequence[Any],
-        lengths: Sequence[int],
-        mixes: Sequence[dict[int, int]] | None,
-    ) -> dict[str, np.ndarray]:
-        """A packed row of pieces given as columns (see :func:`columns`): its features (the
-        pieces one after another, then the pad) and each feature's segment ids and
-        positions; in C where it applies."""
-        fast = self.assemble_native(arrays) if _NATIVE is not None else None
-        return fast if fast is not None else self.assemble_numpy(arrays, lengths, mixes)
+    def assemble(self, pieces: list[Piece]) -> dict[str, np.ndarray]:
+        """The packed row of ``pieces``: its features (the pieces one after another, then
+        the pad) and each feature's segment ids and positions; in C where it applies."""
+        fast = self.assemble_native(pieces) if _NATIVE is not None else None
+        return fast if fast is not None else self.assemble_numpy(*columns(pieces))
 
     def assemble_numpy(
         self,
@@ -208,7 +210,8 @@ class RowAssembler:
         lengths: Sequence[int],
         mixes: Sequence[dict[int, int]] | None,
     ) -> dict[str, np.ndarray]:
-        """:meth:`assemble` in numpy: every case (broadcast fields, BOS, components)."""
+        """:meth:`assemble` in numpy, of pieces given as columns (see :func:`columns`):
+        every case (broadcast fields, BOS, components)."""
         data = {}
         lens = np.asarray(lengths, dtype=np.int64)
         total = int(lens.sum())
@@ -243,23 +246,27 @@ class RowAssembler:
                 data[name + "_segment_ids"] = seg if j == 0 else seg.copy()
                 data[name + "_positions"] = pos if j == 0 else pos.copy()
         if self.component_feature is not None:
-            assert mixes is not None  # kept for a component feature
             comps = np.fromiter((_component(m) for m in mixes), np.int32, len(mixes))
             buf = np.full(self.seq_len, self._component_pad, dtype=np.int32)
             buf[:total] = np.repeat(comps, lens)
             data[self.component_feature] = buf
         return data
 
-    def assemble_native(self, arrays: Sequence[Any]) -> dict[str, np.ndarray] | None:
+    def assemble_native(self, pieces: list[Piece]) -> dict[str, np.ndarray] | None:
         """:meth:`assemble` with the row made by ``zephon._pack.assemble_rows`` (its pieces
         copied, the pad after them, segment ids and positions in one pass); None where it
         does not apply (see :meth:`batch_layout`)."""
-        layout = self._layout([arrays])
+        layout = self._layout([pieces])
         if layout is None:
             return None
         data = {name: np.empty(self.seq_len, dtype=dtype) for name, dtype in layout}
-        self._write([arrays], {name: a[np.newaxis] for name, a in data.items()})
+        self._write([pieces], {name: a[np.newaxis] for name, a in data.items()})
         return data
+
+    def parts(self, records: Sequence[PackedRow]) -> tuple[list[Contributor], dict[int, int]]:
+        """The contributors of the rows of ``records`` one after another and their
+        per-component token counts summed: a batch's of them, in one call."""
+        return parts_of([r._pieces for r in records])
 
     def batch_layout(
         self, records: Sequence[PackedRow]
@@ -267,20 +274,21 @@ class RowAssembler:
         """The features of the rows of ``records`` (each ``seq_len`` long), in order, with
         their dtypes, where C writes them into a batch's arrays (:meth:`write_rows`); None
         where it does not (see :meth:`_layout`)."""
-        got = self._layouts_of([r._arrays for r in records])
+        got = self._layouts_of([r._pieces for r in records])
         return None if got is None else got[1]
 
-    def _layout(self, rows: list[Sequence[Any]]) -> list[tuple[str, np.dtype]] | None:
-        """The features of ``rows`` (each its pieces' arrays) with their dtypes, where C
+    def _layout(self, rows: list[list[Piece]]) -> list[tuple[str, np.dtype]] | None:
+        """The features of ``rows`` (each its pieces) with their dtypes, where C
         assembles them; None where it does not: broadcast fields, a BOS id, a component
         feature, an empty row, or pieces whose arrays are not 1-D contiguous arrays of one
         dtype per column (``zephon._pack.row_formats`` checks them all in one call). A piece
         placed by length (its arrays not a tuple: the fused stage's, on ``"tokens"`` alone)
-        makes int32 tokens, 1-D and contiguous, when it is written: it is not read here."""
+        makes int32 tokens, 1-D and contiguous, when it is written (a token span straight
+        from its file): it is not read here."""
         got = self._layouts_of(rows)
         return None if got is None else got[0]
 
-    def _layouts_of(self, rows: list[Sequence[Any]]) -> tuple[list[Any], list[Any]] | None:
+    def _layouts_of(self, rows: list[list[Piece]]) -> tuple[list[Any], list[Any]] | None:
         """:meth:`_layout` and :meth:`batch_layout` of ``rows``, made once per set of
         buffer formats the pieces have."""
         native = _NATIVE
@@ -294,7 +302,7 @@ class RowAssembler:
         known = self._layouts.get(formats)
         if known is not None:
             return known
-        first = next((p for row in rows for p in row if type(p) is tuple), None)
+        first = next((p[2] for row in rows for p in row if type(p[2]) is tuple), None)
         layout = []
         n_features = len(self.features)
         for j, name in enumerate(self.columns):
@@ -308,10 +316,10 @@ class RowAssembler:
     def write_rows(self, records: Sequence[PackedRow], out: dict[str, np.ndarray]) -> None:
         """Writes the rows of ``records`` (whose :meth:`batch_layout` is ``out``'s) into
         ``out`` (an array of ``(len(records), seq_len)`` per name), one C call a feature."""
-        self._write([r._arrays for r in records], out)
+        self._write([r._pieces for r in records], out)
 
-    def _write(self, rows: list[Sequence[Any]], out: dict[str, np.ndarray]) -> None:
-        """Rows (each its pieces' arrays) into ``out`` (``(len(rows), seq_len)`` per name) with
+    def _write(self, rows: list[list[Piece]], out: dict[str, np.ndarray]) -> None:
+        """Rows (each its pieces) into ``out`` (``(len(rows), seq_len)`` per name) with
         ``zephon._pack.assemble_rows``: a feature's rows in one call, the segment ids and
         positions made with the first packed feature and copied for the others."""
         native = _NATIVE
@@ -342,18 +350,24 @@ class RowAssembler:
         return item
 
 
-def row_parts(
-    pieces: list[Piece],
-) -> tuple[list[Contributor], dict[int, int], tuple[Any, ...], tuple[int, ...], tuple[Any, ...]]:
-    """What a :class:`PackedRow` keeps of ``pieces``: their contributors one after another,
-    their per-component token counts summed, and their arrays, lengths and counts as
-    tuples (``zephon._pack.row_parts`` is the same in C)."""
-    contribs, mixes, arrays, lengths = zip(*pieces, strict=True) if pieces else ((),) * 4
+def parts(rows: list[list[Piece]]) -> tuple[list[Contributor], dict[int, int]]:
+    """The contributors of the pieces of ``rows`` one after another and their per-component
+    token counts summed (``zephon._pack.parts`` is the same in C; :data:`parts_of` is
+    whichever runs)."""
+    contributors: list[Contributor] = []
     mix: dict[int, int] = {}
-    for m in mixes:
-        for comp, w in m.items():
-            mix[comp] = mix.get(comp, 0) + w
-    return list(chain.from_iterable(contribs)), mix, arrays, lengths, mixes
+    for pieces in rows:
+        for p in pieces:
+            contributors.extend(p.contributors)
+            for comp, w in p.component_tokens.items():
+                mix[comp] = mix.get(comp, 0) + w
+    return contributors, mix
+
+
+#: :func:`parts`, in C where it is built.
+parts_of: Callable[[list[list[Piece]]], tuple[list[Contributor], dict[int, int]]] = (
+    _NATIVE.parts if _NATIVE is not None else parts
+)
 
 
 def columns(pieces: list[Piece]) -> tuple[list[Any], list[int], list[dict[int, int]]]:

@@ -89,15 +89,25 @@ class Batch(LaneStateOperator):
         return out
 
     def _stack(self, records: list[Record], padded: bool = False) -> BatchRecord:
-        contributors = [c for r in records for c in r.contributors]
-        mix: dict[int, int] = {}
-        for r in records:
-            for comp, w in r.component_tokens.items():
-                mix[comp] = mix.get(comp, 0) + w
+        writer = _row_writer(records)
+        if writer is not None:  # the rows' writer makes the batch's parts in one call
+            contributors, mix = writer.parts(records)
+        else:
+            contributors = [c for r in records for c in r.contributors]
+            mix = {}
+            for r in records:
+                for comp, w in r.component_tokens.items():
+                    mix[comp] = mix.get(comp, 0) + w
         lane, last, n = records[0].lane, records[-1].cursor, len(records)
         if not self.pad_last:
             return BatchRecord(
-                None, lane, contributors, mix, last, n, build=lambda a: self._stack_data(records, a)
+                None,
+                lane,
+                contributors,
+                mix,
+                last,
+                n,
+                build=lambda a: self._stack_data(records, a, writer),
             )
         return BatchRecord(
             None, lane, contributors, mix, last, n, build=lambda a: self._stack_padded(records, a)
@@ -121,7 +131,8 @@ class Batch(LaneStateOperator):
         if n < size:
             pad = _Padding(self._pad_row(first), records[0].lane)
             rows = [*records, *([pad] * (size - n))]
-        out = self._stack_data(rows, allocate, extra={"batch_mask": ((size,), np.dtype(bool))})
+        mask = {"batch_mask": ((size,), np.dtype(bool))}
+        out = self._stack_data(rows, allocate, _row_writer(rows), extra=mask)
         mask = out["batch_mask"]
         mask[:n] = True
         mask[n:] = False
@@ -150,10 +161,12 @@ class Batch(LaneStateOperator):
         self,
         records: list[Any],
         allocate: Allocator | None,
+        writer: Any,
         extra: dict[str, tuple[tuple[int, ...], np.dtype]] | None = None,
     ) -> Any:
+        """The batch of ``records``, its arrays from ``allocate``; ``writer`` is their
+        common row writer (:func:`_row_writer`), or None."""
         n = len(records)
-        writer = _row_writer(records)
         fields = writer.batch_layout(records) if writer is not None else None
         if fields is not None:  # the records' writer writes them into their rows
             spec = {name: ((n, *shape), dtype) for name, shape, dtype in fields}

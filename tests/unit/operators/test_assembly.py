@@ -3,6 +3,8 @@ makes, and the C function checks what it is given."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -33,16 +35,22 @@ def test_a_row_assembled_in_c_is_the_numpy_row(dtype, lengths, pad, meta, data) 
     for k, n in enumerate(lengths):
         arrays = [rng.integers(1, 100, n).astype(dtype) for _ in range(3 if meta else 2)]
         pieces.append(Piece([Contributor(0, k, 0, True)], {0: n}, tuple(arrays), n))
-    arrays, lengths, mixes = columns(pieces)
-    fast = op.rows.assemble_native(arrays) if pieces else None
+    fast = op.rows.assemble_native(pieces) if pieces else None
     if not pieces:
         return
     assert fast is not None
-    slow = op.rows.assemble_numpy(arrays, lengths, mixes)
+    slow = op.rows.assemble_numpy(*columns(pieces))
     assert list(fast) == list(slow)
     for k in slow:
         assert fast[k].dtype == slow[k].dtype, k
         np.testing.assert_array_equal(fast[k], slow[k], err_msg=k)
+
+
+def _piece(arrays: Any) -> Piece:
+    """A piece whose arrays are ``arrays`` (a tuple, one per column; or lazy ones, not a
+    tuple), as a row holds it; an array alone is a tuple of it."""
+    made = (arrays,) if isinstance(arrays, np.ndarray) else arrays
+    return Piece((Contributor(0, 0, 0, True),), {0: 1}, made, 0)
 
 
 @pytest.mark.native
@@ -53,15 +61,17 @@ def test_the_c_row_assembly_refuses_what_does_not_fit() -> None:
     pad = np.int32(0).tobytes()
     with pytest.raises(ValueError, match="part 1 .* does not fit a row of 4 items"):
         native.assemble_rows(
-            [[(np.ones(3, np.int32),), (np.ones(2, np.int32),)]], 0, out, pad, seg, None
+            [[_piece(np.ones(3, np.int32)), _piece(np.ones(2, np.int32))]], 0, out, pad, seg, None
         )
     with pytest.raises(ValueError, match="part 0 \\(item size 8"):
-        native.assemble_rows([[(np.ones(2, np.int64),)]], 0, out, pad, None, None)
+        native.assemble_rows([[_piece(np.ones(2, np.int64))]], 0, out, pad, None, None)
     with pytest.raises(ValueError, match="pad one item"):
         native.assemble_rows([[]], 0, out, b"\0", None, None)
     with pytest.raises(ValueError, match="seg must be int32"):
         native.assemble_rows([[]], 0, out, pad, np.empty((1, 3), np.int32), None)
-    native.assemble_rows([[(np.arange(1, 3, dtype=np.int32),)]], 0, out, pad, seg, None)
+    with pytest.raises(TypeError, match="piece 0 must be a Piece"):
+        native.assemble_rows([[(np.ones(2, np.int32),)]], 0, out, pad, None, None)
+    native.assemble_rows([[_piece(np.arange(1, 3, dtype=np.int32))]], 0, out, pad, seg, None)
     assert out.tolist() == [[1, 2, 0, 0]] and seg.tolist() == [[1, 1, 0, 0]]
 
 
@@ -77,7 +87,7 @@ def test_a_batch_of_rows_in_one_call_is_the_rows_one_by_one(rows, extra, with_se
     assert native is not None, "zephon._pack is not built (native tests need it)"
     cap = max(sum(r) for r in rows) + extra or 1
     rng = np.random.default_rng(sum(map(sum, rows)))
-    parts = [[(rng.integers(1, 50, n).astype(np.int32),) for n in r] for r in rows]
+    parts = [[_piece(rng.integers(1, 50, n).astype(np.int32)) for n in r] for r in rows]
     pad = np.int32(-7).tobytes()
     out = np.empty((len(rows), cap), np.int32)
     seg = np.empty((len(rows), cap), np.int32) if with_seg else None
@@ -107,7 +117,7 @@ def test_the_batch_row_assembly_refuses_what_does_not_fit() -> None:
     with pytest.raises(TypeError, match="row 1 of rows must be a tuple or list of pieces"):
         native.assemble_rows([[], np.ones(1, np.int32)], 0, out, pad, None, None)
     with pytest.raises(ValueError, match="part 0 .* does not fit a row of 4 items"):
-        native.assemble_rows([[], [(np.ones(5, np.int32),)]], 0, out, pad, None, None)
+        native.assemble_rows([[], [_piece(np.ones(5, np.int32))]], 0, out, pad, None, None)
 
 
 class _Lazy:
@@ -126,7 +136,8 @@ def test_row_formats_says_where_c_writes_the_rows() -> None:
     a, b = np.ones(3, np.int32), np.ones(2, np.int64)
 
     def formats(rows: list, columns: int = 1) -> tuple | None:
-        return native.row_formats(rows, columns, np.ndarray, i32)
+        as_pieces = [[_piece(p) for p in r] for r in rows]
+        return native.row_formats(as_pieces, columns, np.ndarray, i32)
 
     assert formats([[(a,), (a,)], ((a,),)]) == (i32,)
     assert formats([[(a, b)], [(a, b)]], 2) == (i32, memoryview(b).format)
@@ -141,6 +152,7 @@ def test_row_formats_says_where_c_writes_the_rows() -> None:
     assert formats([[(memoryview(a),)]]) is None  # not an ndarray
     assert formats([[(np.ma.masked_array(a),)]]) is None  # nor a subclass
     assert formats([[(a,)]], 2) is None  # a piece with fewer arrays
+    assert native.row_formats([[(a,)]], 1, np.ndarray, i32) is None  # not a Piece
     with pytest.raises(ValueError, match="columns must be at least 1"):
         formats([[(a,)]], 0)
 
@@ -158,33 +170,36 @@ def test_row_formats_says_where_c_writes_the_rows() -> None:
     ),
     as_list=st.booleans(),
 )
-def test_a_rows_parts_in_c_are_the_python_ones(rows, as_list) -> None:
+def test_rows_parts_in_c_are_the_python_ones(rows, as_list) -> None:
     assert assembly._NATIVE is not None, "zephon._pack is not built (native tests need it)"
     pieces = []
     for k, (contribs, mix, n) in enumerate(rows):
         made = [Contributor(c, off, 0, True) for c, off in contribs]
         arrays = (np.arange(n, dtype=np.int32),)
         pieces.append(Piece(made if as_list else tuple(made), mix, arrays, n + k))
-    fast = assembly._NATIVE.row_parts(pieces)
-    slow = assembly.row_parts(pieces)
-    assert fast[0] == slow[0] and type(fast[0]) is list
-    assert fast[1] == slow[1] and list(fast[1]) == list(slow[1])  # same order too
-    for got, want in zip(fast[2:], slow[2:], strict=True):
-        assert type(got) is tuple and len(got) == len(want)
-        assert all(a is b for a, b in zip(got, want, strict=True))  # the pieces' own objects
+    for split in range(len(pieces) + 1):  # one row, or a batch of two
+        grouped = [pieces] if not split else [pieces[:split], tuple(pieces[split:])]
+        fast = assembly._NATIVE.parts(grouped)
+        slow = assembly.parts(grouped)
+        assert fast[0] == slow[0] and type(fast[0]) is list
+        assert all(a is b for a, b in zip(fast[0], slow[0], strict=True))  # the same objects
+        assert fast[1] == slow[1] and list(fast[1]) == list(slow[1])  # same order too
 
 
 @pytest.mark.native
-def test_the_c_row_parts_refuses_what_is_not_a_piece() -> None:
+def test_the_c_parts_refuse_what_is_not_a_piece() -> None:
     native = assembly._NATIVE
     assert native is not None, "zephon._pack is not built (native tests need it)"
     good = Piece((Contributor(0, 0, 0, True),), {0: 2}, (np.zeros(2, np.int32),), 2)
-    with pytest.raises(TypeError, match="list of pieces"):
-        native.row_parts((good,))
+    with pytest.raises(TypeError, match="list of rows"):
+        native.parts(([good],))
+    with pytest.raises(TypeError, match="row 1 must be a tuple or list of pieces"):
+        native.parts([[good], 5])
     with pytest.raises(TypeError, match="piece 1 must be a Piece"):
-        native.row_parts([good, (1, 2)])
+        native.parts([[good, (1, 2)]])
     with pytest.raises(TypeError, match="piece 0's contributors"):
-        native.row_parts([good._replace(contributors=iter(()))])
+        native.parts([[good._replace(contributors=iter(()))]])
     with pytest.raises(TypeError, match="piece 0's component tokens"):
-        native.row_parts([good._replace(component_tokens=[(0, 2)])])
-    assert native.row_parts([]) == ([], {}, (), (), ())
+        native.parts([[good._replace(component_tokens=[(0, 2)])]])
+    assert native.parts([]) == ([], {})
+    assert native.parts([[], []]) == ([], {})
