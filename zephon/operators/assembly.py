@@ -73,15 +73,15 @@ class PackedRow(LazyRecord):
         self._pieces = pieces
         self._parts: tuple[list[Contributor], dict[int, int]] | None = None
 
-    @property  # type: ignore[override]
-    def contributors(self) -> list[Contributor]:
+    @property
+    def contributors(self) -> list[Contributor]:  # type: ignore[override]
         parts = self._parts
         if parts is None:
             parts = self._parts = parts_of([self._pieces])
         return parts[0]
 
-    @property  # type: ignore[override]
-    def component_tokens(self) -> dict[int, int]:
+    @property
+    def component_tokens(self) -> dict[int, int]:  # type: ignore[override]
         parts = self._parts
         if parts is None:
             parts = self._parts = parts_of([self._pieces])
@@ -208,7 +208,7 @@ class RowAssembler:
         self,
         arrays: Sequence[Any],
         lengths: Sequence[int],
-        mixes: Sequence[dict[int, int]] | None,
+        mixes: Sequence[dict[int, int]],
     ) -> dict[str, np.ndarray]:
         """:meth:`assemble` in numpy, of pieces given as columns (see :func:`columns`):
         every case (broadcast fields, BOS, components)."""
