@@ -131,10 +131,10 @@ class Batch(LaneStateOperator):
         if n < size:
             pad = _Padding(self._pad_row(first), records[0].lane)
             rows = [*records, *([pad] * (size - n))]
-        mask: dict[str, tuple[tuple[int, ...], np.dtype]] = {
+        spec: dict[str, tuple[tuple[int, ...], np.dtype]] = {
             "batch_mask": ((size,), np.dtype(bool))
         }
-        out = self._stack_data(rows, allocate, _row_writer(rows), extra=mask)
+        out = self._stack_data(rows, allocate, _row_writer(rows), extra=spec)
         mask = out["batch_mask"]
         mask[:n] = True
         mask[n:] = False
