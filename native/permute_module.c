@@ -16,6 +16,9 @@
  * seed as mix64 does) and its token count a read of its lengths buffer. The arrays belong
  * to the Python caller; see interleave.py for the same functions in Python and what every
  * argument means.
+ *
+ * mixture_counts(f64, i64, token_units) packs a lane's counts for its checkpoint state
+ * (zephon/work_sources/lane_state.py's pack_counts and pack_carry are the same in Python).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -728,6 +731,117 @@ fail:
     return NULL;
 }
 
+/* ------------------------------------------------------------------ a lane's state */
+
+/* values (n int64s) as lane_state.pack_ints packs them: b"\x00" when all are 0, else the
+ * fewest bytes w (1, 2, 4 or 8) of a signed int holding each, then every value's byte 0,
+ * every value's byte 1, ... (little-endian two's complement). */
+static PyObject *pack_ints(const int64_t *values, Py_ssize_t n) {
+    int64_t lo = 0, hi = 0;
+    for (Py_ssize_t c = 0; c < n; c++) {
+        lo = values[c] < lo ? values[c] : lo;
+        hi = values[c] > hi ? values[c] : hi;
+    }
+    if (lo == 0 && hi == 0) {
+        return PyBytes_FromStringAndSize("\0", 1);
+    }
+    int width = 8;
+    for (int w = 1; w < 8; w *= 2) {
+        int64_t bound = (int64_t)1 << (8 * w - 1);
+        if (-bound <= lo && hi < bound) {
+            width = w;
+            break;
+        }
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, 1 + width * n);
+    if (out == NULL) {
+        return NULL;
+    }
+    unsigned char *to = (unsigned char *)PyBytes_AS_STRING(out);
+    to[0] = (unsigned char)width;
+    for (int b = 0; b < width; b++) {
+        for (Py_ssize_t c = 0; c < n; c++) {
+            to[1 + b * n + c] = (unsigned char)(((uint64_t)values[c] >> (8 * b)) & 0xFF);
+        }
+    }
+    return out;
+}
+
+PyDoc_STRVAR(mixture_counts_doc,
+             "mixture_counts(f64, i64, token_units, /) -> (positions, tokens, received, carry)\n\n"
+             "A lane's counts as its checkpoint state holds them, from the interleave's arrays\n"
+             "(interleave.py names their rows): pack_ints of the positions, of the tokens and of\n"
+             "what was dealt since the weights last changed (the tokens, with token_units, else\n"
+             "the positions, minus received), and the carried credits as float32 bytes (b''\n"
+             "while they are all 0). lane_state.pack_counts and pack_carry are the same.");
+
+static PyObject *py_mixture_counts(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *f64_obj, *i64_obj;
+    int token_units;
+    if (!PyArg_ParseTuple(args, "OOp:mixture_counts", &f64_obj, &i64_obj, &token_units)) {
+        return NULL;
+    }
+    Py_buffer f64 = {0}, i64 = {0};
+    PyObject *result = NULL, *packed[4] = {NULL, NULL, NULL, NULL};
+    int64_t *since = NULL;
+    if (PyObject_GetBuffer(i64_obj, &i64, PyBUF_C_CONTIGUOUS | PyBUF_ND) < 0) {
+        return NULL;
+    }
+    if (PyObject_GetBuffer(f64_obj, &f64, PyBUF_C_CONTIGUOUS | PyBUF_ND) < 0) {
+        PyBuffer_Release(&i64);
+        return NULL;
+    }
+    if (i64.ndim != 2 || f64.ndim != 2 || i64.itemsize != 8 || f64.itemsize != 8 ||
+        i64.shape[0] < 3 || f64.shape[0] < 2 || i64.shape[1] != f64.shape[1]) {
+        PyErr_SetString(PyExc_ValueError,
+                        "mixture_counts takes the interleave's f64 and i64 arrays (2-D, a column "
+                        "per component)");
+        goto done;
+    }
+    Py_ssize_t n = i64.shape[1];
+    const int64_t *rows = i64.buf, *recv = rows, *pos = rows + n, *tok = rows + 2 * n;
+    const double *carry = (const double *)f64.buf + n;
+    since = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(int64_t));
+    if (since == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t c = 0; c < n; c++) {
+        since[c] = (token_units ? tok[c] : pos[c]) - recv[c];
+    }
+    int zero = 1;
+    for (Py_ssize_t c = 0; c < n; c++) {
+        zero &= carry[c] == 0.0;
+    }
+    if (zero) {
+        packed[3] = PyBytes_FromStringAndSize(NULL, 0);
+    } else if ((packed[3] = PyBytes_FromStringAndSize(NULL, 4 * n)) != NULL) {
+        char *to = PyBytes_AS_STRING(packed[3]);
+        for (Py_ssize_t c = 0; c < n; c++) {
+            float f = (float)carry[c];
+            uint32_t bits;
+            memcpy(&bits, &f, 4);
+            for (int b = 0; b < 4; b++) { /* little-endian, as astype("<f4") */
+                to[4 * c + b] = (char)((bits >> (8 * b)) & 0xFF);
+            }
+        }
+    }
+    packed[0] = pack_ints(pos, n);
+    packed[1] = pack_ints(tok, n);
+    packed[2] = pack_ints(since, n);
+    if (packed[0] && packed[1] && packed[2] && packed[3]) {
+        result = PyTuple_Pack(4, packed[0], packed[1], packed[2], packed[3]);
+    }
+done:
+    for (int j = 0; j < 4; j++) {
+        Py_XDECREF(packed[j]);
+    }
+    PyMem_Free(since);
+    PyBuffer_Release(&f64);
+    PyBuffer_Release(&i64);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"permute_into", py_permute_into, METH_VARARGS, permute_into_doc},
     {"length_table", py_length_table, METH_VARARGS, length_table_doc},
@@ -736,6 +850,7 @@ static PyMethodDef methods[] = {
      mixture_rebuild_doc},
     {"mixture_picks", (PyCFunction)(void (*)(void))py_mixture_picks, METH_FASTCALL,
      mixture_picks_doc},
+    {"mixture_counts", py_mixture_counts, METH_VARARGS, mixture_counts_doc},
     {NULL, NULL, 0, NULL},
 };
 

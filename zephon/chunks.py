@@ -16,7 +16,7 @@ class SamplePointer(NamedTuple):
     index: int  # type: ignore[assignment]  # shadows tuple.index, as the spec names it
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, slots=True)
 class WorkChunk:
     """A small batch of sample pointers for one lane.
 
@@ -66,13 +66,26 @@ class WorkChunk:
         idx = np.fromiter((p[1] for p in pointers), dtype=np.int64, count=len(pointers))
         return cls(lane, chunk_id, comps, idx, seed)
 
+    @classmethod
+    def of_bytes(
+        cls, lane: int, chunk_id: int, components: bytes, indices: bytes, seed: int
+    ) -> WorkChunk:
+        """A chunk whose arrays are read-only views of ``components`` (little-endian
+        int32s) and ``indices`` (int64s), the very bytes :meth:`to_state` then stores: a
+        checkpoint of a rank of thousands of lanes reads no chunk's arrays."""
+        comps = np.frombuffer(components, dtype="<i4")
+        idx = np.frombuffer(indices, dtype="<i8")
+        if sys.byteorder != "little":
+            comps, idx = comps.astype(np.int32), idx.astype(np.int64)
+        return cls(lane, chunk_id, comps, idx, seed)
+
     def to_state(self) -> dict[str, Any]:
         """Msgpack-able form, stored in full in checkpoints."""
         return {
             "lane": self.lane,
             "chunk_id": self.chunk_id,
-            "components": self.components.astype("<i4", copy=False).tobytes(),
-            "indices": self.indices.astype("<i8", copy=False).tobytes(),
+            "components": _as_bytes(self.components, _I4),
+            "indices": _as_bytes(self.indices, _I8),
             "seed": self.seed,
         }
 
@@ -80,11 +93,13 @@ class WorkChunk:
     def from_state(cls, state: dict[str, Any]) -> WorkChunk:
         """The chunk :meth:`to_state` gave; its arrays are read-only views of the state's
         bytes where the machine is little-endian (a restore decodes every in-flight chunk)."""
-        comps = np.frombuffer(state["components"], dtype="<i4")
-        idx = np.frombuffer(state["indices"], dtype="<i8")
-        if sys.byteorder != "little":
-            comps, idx = comps.astype(np.int32), idx.astype(np.int64)
-        return cls(int(state["lane"]), int(state["chunk_id"]), comps, idx, int(state["seed"]))
+        return cls.of_bytes(
+            int(state["lane"]),
+            int(state["chunk_id"]),
+            state["components"],
+            state["indices"],
+            int(state["seed"]),
+        )
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, WorkChunk):
@@ -99,3 +114,15 @@ class WorkChunk:
 
     def __repr__(self) -> str:
         return f"WorkChunk(lane={self.lane}, chunk_id={self.chunk_id}, len={len(self)}, seed={self.seed})"
+
+
+_I4, _I8 = np.dtype("<i4"), np.dtype("<i8")
+
+
+def _as_bytes(array: np.ndarray, dtype: np.dtype) -> bytes:
+    """``array`` as bytes of ``dtype``: the bytes it views where it is a whole bytes object
+    of that dtype (:meth:`WorkChunk.of_bytes`), without a copy."""
+    base = array.base
+    if type(base) is bytes and len(base) == array.nbytes and array.dtype == dtype:
+        return base
+    return array.astype(dtype, copy=False).tobytes()

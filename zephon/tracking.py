@@ -131,6 +131,28 @@ class ChunkTrack:
 class LaneTracker:
     """Everything the parent knows about one lane."""
 
+    # Slots: a checkpoint of a rank of thousands of lanes reads every tracker once, and
+    # a slot is read from the object itself, not from an instance dict beside it.
+    __slots__ = (
+        "lane",
+        "source",
+        "mode",
+        "flush_every_k_chunks",
+        "inflight",
+        "boundaries",
+        "cursor",
+        "batches",
+        "_done",
+        "exhausted",
+        "replay",
+        "evicted",
+        "next_chunk_id",
+        "_state",
+        "_chunks",
+        "_base",
+        "_held",
+    )
+
     def __init__(self, lane: int, source: Any, mode: str, flush_every_k_chunks: int) -> None:
         self.lane = lane
         self.source = source

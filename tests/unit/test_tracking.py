@@ -294,3 +294,24 @@ def test_a_stored_pointer_outside_the_datasets_names_its_chunk_and_offset(compon
     chunk = second["chunk_id"]
     assert f"in-flight chunk {chunk} points at component" in str(info.value)
     assert "index 10000 (offset 2), outside the datasets" in str(info.value)
+
+
+def test_a_chunk_dealt_by_a_mixture_checkpoints_the_bytes_its_arrays_view() -> None:
+    import zephon as zp
+
+    src = zp.StaticMixtureWorkSource(
+        [zp.ArraySource(list(range(50))), zp.ArraySource(list(range(7)))], seed=1, chunk_size=6
+    ).for_lane(0, 2)
+    chunk = src.next_chunk()
+    state = chunk.to_state()
+    # No copy at the checkpoint: the state holds the bytes the arrays are views of.
+    assert state["components"] is chunk.components.base
+    assert state["indices"] is chunk.indices.base
+    assert not chunk.components.flags.writeable
+    again = WorkChunk.from_state(state)
+    assert again == chunk and again.to_state() == state
+    # A chunk of arrays of its own (a work source of yours) is copied out as before.
+    own = WorkChunk(0, 0, np.array([1, 0], np.int64), np.array([3, 4], np.int32), 9)
+    assert own.to_state()["components"] == np.array([1, 0], "<i4").tobytes()
+    assert own.to_state()["indices"] == np.array([3, 4], "<i8").tobytes()
+    assert WorkChunk.from_state(own.to_state()) == own

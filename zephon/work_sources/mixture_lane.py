@@ -22,8 +22,12 @@ from zephon.work_sources.schedule import Schedule
 
 __all__ = ["LaneInputs", "MixtureLane"]
 
+#: ``zephon._permute.mixture_counts``: a lane state's four packed counts in one call
+#: (:func:`~zephon.work_sources.lane_state.pack_counts` and ``pack_carry`` in C).
+_COUNTS = getattr(il._NATIVE, "mixture_counts", None)
 
-@dataclass(frozen=True, eq=False)
+
+@dataclass(frozen=True, eq=False, slots=True)
 class LaneInputs:
     """What every lane of one mixture runs on; made once per source and shared by its
     lanes (never copied per lane)."""
@@ -103,6 +107,28 @@ class MixtureLane:
     :mod:`zephon.work_sources.interleave`); the rest is the lane's progress: the next chunk's
     id, its tokens, where the weights were last looked up, the virtual time.
     """
+
+    # Slots: a checkpoint of a rank of thousands of lanes reads every lane that dealt a
+    # chunk since the last one, each cold; a slot is read from the object itself.
+    __slots__ = (
+        "inputs",
+        "lane",
+        "num_lanes",
+        "f64",
+        "i64",
+        "heaps",
+        "_vtime",
+        "_out",
+        "next_chunk_id",
+        "_lane_tokens",
+        "_schedule_position",
+        "_segment",
+        "_stopped",
+        "_state",
+        "_eligible",
+        "_waiting",
+        "_weight_sum",
+    )
 
     def __init__(self, inputs: LaneInputs, lane: int, num_lanes: int) -> None:
         self.inputs = inputs
@@ -226,13 +252,15 @@ class MixtureLane:
         )
         if exhausted >= 0:
             self._stopped = True
-        components = out[0, :picked].astype(np.int32)
+        components = out[0, :picked].astype("<i4")
         if inputs.all_lengths:
             self._lane_tokens += int(out[2, :picked].sum())
         elif inputs.has_lengths:
             self._lane_tokens += int(out[2, :picked][inputs.table.codes[components] != 0].sum())
         self.next_chunk_id = chunk_id + 1
-        return WorkChunk(self.lane, chunk_id, components, out[1, :picked].copy(), chunk_seed)
+        # The arrays as the bytes a checkpoint stores (WorkChunk.of_bytes).
+        indices = out[1, :picked].astype("<i8", copy=False).tobytes()
+        return WorkChunk.of_bytes(self.lane, chunk_id, components.tobytes(), indices, chunk_seed)
 
     # ----------------------------------------------------------------------------- state
 
@@ -245,10 +273,16 @@ class MixtureLane:
         return self._state
 
     def _make_state(self) -> dict[str, Any]:
-        i64 = self.i64
-        positions, tokens, received = pack_counts(
-            i64[il.POS], i64[il.TOK], i64[il.RECV], self.inputs.token_units
-        )
+        if _COUNTS is not None:  # the four packed entries in one C call
+            positions, tokens, received, carry = _COUNTS(
+                self.f64, self.i64, self.inputs.token_units
+            )
+        else:
+            i64 = self.i64
+            positions, tokens, received = pack_counts(
+                i64[il.POS], i64[il.TOK], i64[il.RECV], self.inputs.token_units
+            )
+            carry = pack_carry(self.f64[il.CARRY])
         return {
             "version": STATE_VERSION,
             "lane": self.lane,
@@ -260,7 +294,7 @@ class MixtureLane:
             "positions": positions,
             "tokens": tokens,
             "received": received,
-            "carry": pack_carry(self.f64[il.CARRY]),
+            "carry": carry,
             "stopped": self._stopped,
         }
 

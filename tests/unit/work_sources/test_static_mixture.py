@@ -601,3 +601,31 @@ def test_token_weights_share_tokens_not_documents() -> None:
     assert np.count_nonzero(comps == 0) == 100 and np.count_nonzero(comps == 1) == 10
     assert ws.tokens_dealt == (1000, 1000)
     assert ws.state_dict()["lane_tokens"] == 2000
+
+
+@pytest.mark.native
+@pytest.mark.parametrize("components", [1, 2, 8, 9, 40])
+@pytest.mark.parametrize("token_units", [False, True])
+def test_a_lanes_counts_packed_in_c_are_the_python_ones(components: int, token_units: bool) -> None:
+    from zephon.work_sources import interleave as il
+    from zephon.work_sources.lane_state import pack_carry
+
+    native = getattr(il._NATIVE, "mixture_counts", None)
+    assert native is not None, "zephon._permute is not built (native tests need it)"
+    rng = np.random.default_rng(components * 7 + token_units)
+    for scale in (0, 1, 2**7, 2**15, 2**31, 2**62):
+        i64 = np.zeros((il.I64_ROWS, components), np.int64)
+        f64 = np.zeros((il.F64_ROWS, components), np.float64)
+        i64[il.POS] = rng.integers(0, scale + 1, components)
+        i64[il.TOK] = rng.integers(-scale, scale + 1, components)
+        i64[il.RECV] = rng.integers(0, scale + 1, components)
+        if scale:
+            f64[il.CARRY] = rng.normal(0, 3, components) * rng.integers(0, 2, components)
+        f64[il.CARRY, 0] = -0.0 if scale == 1 else f64[il.CARRY, 0]  # a negative zero is 0
+        want = (
+            *pack_counts(i64[il.POS], i64[il.TOK], i64[il.RECV], token_units),
+            pack_carry(f64[il.CARRY]),
+        )
+        assert native(f64, i64, token_units) == want
+    with pytest.raises(ValueError, match="interleave's f64 and i64"):
+        native(np.zeros((4, 2)), np.zeros((7, 3), np.int64), False)
