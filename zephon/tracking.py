@@ -229,7 +229,9 @@ class LaneTracker:
                 f"work source for lane {self.lane} produced chunk {chunk.chunk_id}, expected "
                 f"{self.next_chunk_id}; chunk ids must count up from 0 by 1"
             )
-        self.inflight[chunk.chunk_id] = ChunkTrack(chunk)
+        # Its checkpoint form now, while the chunk is in the cache (a chunk never changes;
+        # see state()).
+        self.inflight[chunk.chunk_id] = ChunkTrack(chunk, state=chunk.to_state())
         self._chunks = None
         self.next_chunk_id += 1
         items = [chunk]
@@ -304,7 +306,14 @@ class LaneTracker:
     # ---------------------------------------------------------------- checkpoint
     def state(self) -> dict[str, Any]:
         """The lane's checkpoint state. Shared with later calls until the lane moves:
-        read it, never change it in place."""
+        read it, never change it in place.
+
+        A checkpoint of a rank of thousands of lanes builds the state of every lane that
+        moved since the last one, each lane's objects cold in the cache; so the parts that
+        change with a chunk are made when the chunk is dealt, while they are hot: the
+        chunk's checkpoint form (it never changes) and the work source's state (a
+        ``StaticMixtureWorkSource`` makes it after each chunk). What is left here is the
+        lane's dict of them, and a moved lane's copy with its cursor and batch count."""
         if self._state is not None:
             return self._state
         base = self._base
