@@ -60,6 +60,44 @@ static Py_ssize_t document_number(PyObject *index, Py_ssize_t docs) {
     return (i < 0 || i >= docs) ? -1 : i;
 }
 
+/* A file's N + 1 int64 document bounds into view: 0, or -1 (raised; view released). */
+static int get_bounds(PyObject *obj, Py_buffer *view) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_SIMPLE) < 0) {
+        return -1;
+    }
+    if (view->len % 8 || view->len < 8) {
+        PyBuffer_Release(view);
+        view->obj = NULL;
+        PyErr_SetString(PyExc_ValueError, "bounds must hold N + 1 int64 offsets");
+        return -1;
+    }
+    return 0;
+}
+
+/* The token spans of documents indices[0..n) (offsets: the N + 1 bounds of a file of
+ * `tokens` tokens) into spans (2 * n int64s: lo, hi of each): 0; 1 where an index is not a
+ * document number (no error set); -1 (raised) where reading one failed or a span is not
+ * inside the tokens. */
+static int document_spans(PyObject **indices, Py_ssize_t n, const int64_t *offsets,
+                          Py_ssize_t docs, Py_ssize_t tokens, int64_t *spans) {
+    for (Py_ssize_t k = 0; k < n; k++) {
+        Py_ssize_t i = document_number(indices[k], docs);
+        if (i < 0) {
+            return i == -1 ? 1 : -1;
+        }
+        int64_t lo = offsets[i], hi = offsets[i + 1];
+        if (lo < 0 || hi < lo || hi > tokens) {
+            PyErr_Format(PyExc_ValueError,
+                         "document %zd (tokens %lld:%lld) is not inside the %zd tokens", i,
+                         (long long)lo, (long long)hi, tokens);
+            return -1;
+        }
+        spans[2 * k] = lo;
+        spans[2 * k + 1] = hi;
+    }
+    return 0;
+}
+
 PyDoc_STRVAR(documents_doc,
              "documents(src, itemsize, bounds, indices, key, /) -> list[dict] | None\n\n"
              "Document indices[k] of a token file (tokens bounds[i]:bounds[i + 1] of src, a\n"
@@ -86,14 +124,11 @@ static PyObject *py_documents(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_buffer src = {0}, bounds = {0};
     PyObject *out = NULL, *result = NULL;
     Copy *copies = NULL;
+    int64_t *spans = NULL;
     if (PyObject_GetBuffer(src_obj, &src, PyBUF_SIMPLE) < 0) {
         goto done;
     }
-    if (PyObject_GetBuffer(bounds_obj, &bounds, PyBUF_SIMPLE) < 0) {
-        goto done;
-    }
-    if (bounds.len % 8 || bounds.len < 8) {
-        PyErr_SetString(PyExc_ValueError, "bounds must hold N + 1 int64 offsets");
+    if (get_bounds(bounds_obj, &bounds) < 0) {
         goto done;
     }
     const int64_t *offsets = bounds.buf;
@@ -101,28 +136,23 @@ static PyObject *py_documents(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_ssize_t n = PySequence_Fast_GET_SIZE(indices);
     PyObject **items = PySequence_Fast_ITEMS(indices);
     copies = PyMem_Calloc(n ? (size_t)n : 1, sizeof(Copy));
+    spans = PyMem_Malloc(2 * (size_t)(n ? n : 1) * sizeof(int64_t));
     out = PyList_New(n);
-    if (copies == NULL || out == NULL) {
-        if (copies == NULL) {
+    if (copies == NULL || spans == NULL || out == NULL) {
+        if (copies == NULL || spans == NULL) {
             PyErr_NoMemory();
         }
         goto done;
     }
+    int got = document_spans(items, n, offsets, docs, tokens, spans);
+    if (got != 0) {
+        if (got == 1) {
+            result = Py_NewRef(Py_None);
+        }
+        goto done;
+    }
     for (Py_ssize_t k = 0; k < n; k++) {
-        Py_ssize_t i = document_number(items[k], docs);
-        if (i < 0) {
-            if (i == -1) {
-                result = Py_NewRef(Py_None);
-            }
-            goto done;
-        }
-        int64_t lo = offsets[i], hi = offsets[i + 1];
-        if (lo < 0 || hi < lo || hi > tokens) {
-            PyErr_Format(PyExc_ValueError,
-                         "document %zd (tokens %lld:%lld) is not inside the %zd tokens", i,
-                         (long long)lo, (long long)hi, tokens);
-            goto done;
-        }
+        int64_t lo = spans[2 * k], hi = spans[2 * k + 1];
         npy_intp dims[1] = {(npy_intp)(hi - lo)};
         PyObject *array = PyArray_SimpleNew(1, dims, NPY_INT32);
         if (array == NULL) {
@@ -167,6 +197,7 @@ static PyObject *py_documents(PyObject *Py_UNUSED(self), PyObject *args) {
 done:
     Py_XDECREF(out);
     PyMem_Free(copies);
+    PyMem_Free(spans);
     if (bounds.obj) {
         PyBuffer_Release(&bounds);
     }
@@ -313,36 +344,30 @@ static PyObject *py_spans(PyObject *Py_UNUSED(self), PyObject *args) {
     }
     Py_buffer bounds = {0};
     PyObject *out = NULL, *result = NULL;
-    if (PyObject_GetBuffer(bounds_obj, &bounds, PyBUF_SIMPLE) < 0) {
-        goto done;
-    }
-    if (bounds.len % 8 || bounds.len < 8) {
-        PyErr_SetString(PyExc_ValueError, "bounds must hold N + 1 int64 offsets");
+    int64_t *bounds_of = NULL;
+    if (get_bounds(bounds_obj, &bounds) < 0) {
         goto done;
     }
     const int64_t *offsets = bounds.buf;
     Py_ssize_t docs = bounds.len / 8 - 1, n = PySequence_Fast_GET_SIZE(indices);
-    PyObject **index = PySequence_Fast_ITEMS(indices);
+    bounds_of = PyMem_Malloc(2 * (size_t)(n ? n : 1) * sizeof(int64_t));
     out = PyList_New(n);
-    if (out == NULL) {
+    if (bounds_of == NULL || out == NULL) {
+        if (bounds_of == NULL) {
+            PyErr_NoMemory();
+        }
+        goto done;
+    }
+    int got = document_spans(PySequence_Fast_ITEMS(indices), n, offsets, docs, items, bounds_of);
+    if (got != 0) {
+        if (got == 1) {
+            result = Py_NewRef(Py_None);
+        }
         goto done;
     }
     for (Py_ssize_t k = 0; k < n; k++) {
-        Py_ssize_t i = document_number(index[k], docs);
-        if (i < 0) {
-            if (i == -1) {
-                result = Py_NewRef(Py_None);
-            }
-            goto done;
-        }
-        int64_t lo = offsets[i], hi = offsets[i + 1];
-        if (lo < 0 || hi < lo || hi > items) {
-            PyErr_Format(PyExc_ValueError,
-                         "document %zd (tokens %lld:%lld) is not inside the %zd tokens", i,
-                         (long long)lo, (long long)hi, items);
-            goto done;
-        }
-        PyObject *span = new_span(tokens, (Py_ssize_t)lo, (Py_ssize_t)hi);
+        PyObject *span = new_span(tokens, (Py_ssize_t)bounds_of[2 * k],
+                                  (Py_ssize_t)bounds_of[2 * k + 1]);
         if (span == NULL) {
             goto done;
         }
@@ -351,6 +376,7 @@ static PyObject *py_spans(PyObject *Py_UNUSED(self), PyObject *args) {
     result = Py_NewRef(out);
 done:
     Py_XDECREF(out);
+    PyMem_Free(bounds_of);
     if (bounds.obj) {
         PyBuffer_Release(&bounds);
     }
