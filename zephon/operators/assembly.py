@@ -75,17 +75,17 @@ class PackedRow(LazyRecord):
 
     @property
     def contributors(self) -> list[Contributor]:  # type: ignore[override]
-        parts = self._parts
-        if parts is None:
-            parts = self._parts = parts_of([self._pieces])
-        return parts[0]
+        return self._made()[0]
 
     @property
     def component_tokens(self) -> dict[int, int]:  # type: ignore[override]
-        parts = self._parts
-        if parts is None:
-            parts = self._parts = parts_of([self._pieces])
-        return parts[1]
+        return self._made()[1]
+
+    def _made(self) -> tuple[list[Contributor], dict[int, int]]:
+        """Its contributors and mix, made on first use."""
+        if self._parts is None:
+            self._parts = parts_of([self._pieces])
+        return self._parts
 
     @property
     def cursor(self) -> SampleCursor:

@@ -252,15 +252,20 @@ class MixtureLane:
         )
         if exhausted >= 0:
             self._stopped = True
-        components = out[0, :picked].astype("<i4")
+        # The arrays as the bytes a checkpoint stores (WorkChunk.of_bytes).
+        chunk = WorkChunk.of_bytes(
+            self.lane,
+            chunk_id,
+            out[0, :picked].astype("<i4").tobytes(),
+            out[1, :picked].astype("<i8", copy=False).tobytes(),
+            chunk_seed,
+        )
         if inputs.all_lengths:
             self._lane_tokens += int(out[2, :picked].sum())
         elif inputs.has_lengths:
-            self._lane_tokens += int(out[2, :picked][inputs.table.codes[components] != 0].sum())
+            codes = inputs.table.codes[chunk.components]
+            self._lane_tokens += int(out[2, :picked][codes != 0].sum())
         self.next_chunk_id = chunk_id + 1
-        # The arrays as the bytes a checkpoint stores (WorkChunk.of_bytes).
-        indices = out[1, :picked].astype("<i8", copy=False).tobytes()
-        chunk = WorkChunk.of_bytes(self.lane, chunk_id, components.tobytes(), indices, chunk_seed)
         # The state now, while the lane's arrays are in the cache (0.6 us): made at the
         # next checkpoint instead it reads them cold, 3 us a lane, and a rank of thousands
         # of lanes checkpoints every lane that dealt since the last (see LaneTracker.state).
