@@ -110,6 +110,7 @@ def rank_state(rank: int, world_size: int, lanes_per_rank: int, step: int) -> di
         },
         "lanes": [lane_state(lane, step) for lane in rank_lanes(rank, lanes_per_rank)],
         "round_robin": {"dp_size": world_size, "next_lanes": {str(rank): rank * lanes_per_rank}},
+        "step": step,
     }
 
 

@@ -95,6 +95,7 @@ class EtcdServer:
     peer_port: int
     data_dir: str
     log_path: str
+    args: tuple[str, ...] = ()
 
     @property
     def pid(self) -> int:
@@ -138,6 +139,22 @@ class EtcdServer:
         raise RuntimeError(
             f"etcd at {self.endpoint} not healthy within {timeout_s} s; log:\n{self.log_tail()}"
         )
+
+    def kill(self) -> None:
+        """SIGKILL the server (its data stays, for :meth:`start`)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGCONT)
+            os.kill(self.pid, signal.SIGKILL)
+        self.process.wait(timeout=STOP_TIMEOUT_S)
+
+    def start(self) -> None:
+        """Start it again after :meth:`kill`, on its ports and data (a restart of the
+        store under a running job)."""
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                list(self.args), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
+        self.wait_healthy()
 
     def log_tail(self, n_bytes: int = 4000) -> str:
         try:
@@ -196,7 +213,9 @@ def start_etcd(
             process = subprocess.Popen(
                 args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
             )
-        server = EtcdServer(process, "127.0.0.1", client_port, peer_port, data_dir, log_path)
+        server = EtcdServer(
+            process, "127.0.0.1", client_port, peer_port, data_dir, log_path, tuple(args)
+        )
         try:
             server.wait_healthy()
             return server

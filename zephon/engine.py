@@ -96,6 +96,9 @@ class Engine:
         self._ends: list[LaneOutput] = []
         self.lock = threading.RLock()
         self.next_lane = self.lanes[0]  # consumer side: whose turn after the last delivery
+        #: Batches delivered since the start of the data (restored with the lanes): the
+        #: step a checkpoint names, the same on every rank at a training step.
+        self.step = 0
         self.replayed_chunks = 0
         self.started = False
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max(prefetch, 1))
@@ -299,6 +302,7 @@ class Engine:
                     for out in item:
                         if not out.padding:
                             self._deliver(out)
+                    self.step += 1
                 data = concat_lockstep(item, self.pad_op)
                 for out in item:
                     self._hand_out(out)
@@ -310,6 +314,7 @@ class Engine:
                 if item.record is not None:
                     i = self.lanes.index(item.lane)
                     self.next_lane = self.lanes[(i + 1) % len(self.lanes)]
+                    self.step += 1
             if item.record is not None:
                 self.last_lanes = (item.lane,)
                 return item.record.data
@@ -342,6 +347,7 @@ class Engine:
         lane_states: Mapping[int, dict[str, Any]],
         holds: Mapping[int, list[list[Any]]],
         next_lane: int | None,
+        step: int = 0,
     ) -> None:
         """Loads every lane's state (checked: a malformed one is a CheckpointError, and
         nothing of it is kept); the consumer's turn then goes to ``next_lane``, or with
@@ -355,6 +361,7 @@ class Engine:
             replayed += tracker.load(lane_states[lane])
             tracker.held = holds.get(lane, [])
         self.replayed_chunks = replayed
+        self.step = step
         if next_lane is None:
             live = [lane for lane in self.lanes if not self.trackers[lane].done] or self.lanes
             next_lane = min(live, key=lambda lane: (self.trackers[lane].batches, lane))
@@ -365,6 +372,7 @@ class Engine:
             return {
                 "lanes": [self.trackers[lane].state() for lane in self.lanes],
                 "next_lane": self.next_lane,
+                "step": self.step,
             }
 
     def stats(self) -> dict[str, Any]:

@@ -22,6 +22,19 @@ DEFAULT_RING_SLOTS = 16
 DEFAULT_PREFETCH = 3
 #: The most worker processes ``workers="auto"`` picks.
 AUTO_WORKERS_MAX = 8
+#: The most lanes a pipeline may have. A lane costs the rank that runs it about 5 KB and
+#: 20 us before its first batch (65,536 lanes on one rank: 334 MB, 1.2 s), and every lane's
+#: state is in every merged checkpoint; 2**20 is 1,024 ranks of 1,024 lanes. Far more (10**7)
+#: does not fail: the first ``next()`` runs for minutes while memory fills.
+MAX_CANONICAL_REPLICAS = 2**20
+#: The most bytes a worker ring slot may have (1 TiB, past any host's memory): the C ring
+#: (native/ring.h) sizes itself as ``slots * slot_bytes`` in a uint64, which larger values
+#: overflow (``ring_slot_bytes=2**62`` with 16 slots wraps to a ring of 0 bytes).
+MAX_RING_SLOT_BYTES = 2**40
+#: The most slots a worker ring may have: the C ring counts them in a uint32, and a slot
+#: holds a whole batch (the default is 16); with :data:`MAX_RING_SLOT_BYTES` the ring's size
+#: stays far below uint64's.
+MAX_RING_SLOTS = 2**16
 
 
 class Options(NamedTuple):
@@ -36,6 +49,8 @@ class Options(NamedTuple):
     aggregate_dir: str | None
     aggregate_store: str | None
     aggregate_timeout_s: float
+    aggregate_lease_s: float
+    job_id: str | None
     prefetch: int
     ring_slots: int
     zero_copy: bool
@@ -59,6 +74,8 @@ def checked_options(
     aggregate_dir: str | None,
     aggregate_store: str | None,
     aggregate_timeout_s: float,
+    aggregate_lease_s: float,
+    job_id: str | None,
     prefetch: int | None,
     ring_slots: int | None,
     zero_copy: bool,
@@ -94,6 +111,12 @@ def checked_options(
         ring_slots = DEFAULT_RING_SLOTS
     if not isinstance(ring_slots, int) or isinstance(ring_slots, bool) or ring_slots < 2:
         raise ValueError(f"ring_slots must be None or an int >= 2; got {ring_slots!r}")
+    if ring_slots > MAX_RING_SLOTS:
+        raise ValueError(
+            f"ring_slots must be at most {MAX_RING_SLOTS} (2**16: each slot holds a whole "
+            f"batch, and the C ring counts slots in 32 bits); got ring_slots={ring_slots}: "
+            f"leave it None ({DEFAULT_RING_SLOTS}) or give a few dozen at most"
+        )
     if zero_copy and (workers == "auto" or workers > 0) and ring_slots < prefetch + 2:
         raise ValueError(
             f"zero_copy=True needs ring_slots >= prefetch + 2 (the batch handed out and "
@@ -108,8 +131,33 @@ def checked_options(
         raise ValueError(
             f"aggregate_timeout_s must be a positive number of seconds; got {aggregate_timeout_s!r}"
         )
+    if not (
+        isinstance(aggregate_lease_s, (int, float))
+        and not isinstance(aggregate_lease_s, bool)
+        and math.isfinite(aggregate_lease_s)
+        and aggregate_lease_s > 0
+    ):
+        raise ValueError(
+            f"aggregate_lease_s must be a positive number of seconds; got {aggregate_lease_s!r}"
+        )
+    if job_id is not None and (not isinstance(job_id, str) or not job_id or len(job_id) > 200):
+        raise ValueError(
+            f"job_id must be None (taken from ZEPHON_JOB_ID or the launcher) or a non-empty"
+            f" str of at most 200 chars; got {job_id!r}"
+        )
     if aggregate_dir is not None and aggregate_store is not None:
         raise ValueError("give aggregate_dir or aggregate_store, not both")
+    if (
+        isinstance(canonical_replicas, int)
+        and not isinstance(canonical_replicas, bool)
+        and canonical_replicas > MAX_CANONICAL_REPLICAS
+    ):
+        raise ValueError(
+            f"canonical_replicas must be at most {MAX_CANONICAL_REPLICAS} (2**20 lanes: each "
+            f"costs its rank memory and start-up time, and is in every checkpoint); got "
+            f"canonical_replicas={canonical_replicas}: use fewer lanes, a multiple of every "
+            "data-parallel size you will run with (e.g. 8 x the most ranks)"
+        )
     topology = resolve_topology(canonical_replicas, rank, world_size, dp_rank, dp_size)
     if flush_every_k_chunks is not None and (
         not isinstance(flush_every_k_chunks, int) or flush_every_k_chunks < 0
@@ -127,6 +175,13 @@ def checked_options(
         raise ValueError(
             f"ring_slot_bytes must be None (sized from the batches) or an int >= 4096; "
             f"got {ring_slot_bytes!r}"
+        )
+    if ring_slot_bytes is not None and ring_slot_bytes > MAX_RING_SLOT_BYTES:
+        raise ValueError(
+            f"ring_slot_bytes must be at most {MAX_RING_SLOT_BYTES} (2**40, 1 TiB a slot: the C "
+            f"ring's size, slots x slot bytes, must fit in 64 bits); got "
+            f"ring_slot_bytes={ring_slot_bytes}: give the bytes of your largest batch, or "
+            "leave it None to size the slots from the batches"
         )
     if not (isinstance(worker_timeout_s, (int, float)) and worker_timeout_s > 0):
         raise ValueError(f"worker_timeout_s must be a positive number; got {worker_timeout_s!r}")
@@ -149,6 +204,8 @@ def checked_options(
         aggregate_dir=aggregate_dir,
         aggregate_store=aggregate_store,
         aggregate_timeout_s=float(aggregate_timeout_s),
+        aggregate_lease_s=float(aggregate_lease_s),
+        job_id=job_id,
         prefetch=prefetch,
         ring_slots=ring_slots,
         zero_copy=zero_copy,

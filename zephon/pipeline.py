@@ -1,8 +1,9 @@
 """The builder users touch: ``Pipeline(source, ...).fetch().tokenize(...)...batch(n)``.
 
 Builder methods return a new Pipeline; nothing runs until the first ``next()`` (or
-``checkpoint()``/``explain()``). A Pipeline is its own iterator: iterating it twice continues
-the same stream. ``checkpoint()`` returns a plain msgpack-able dict; ``restore(state)`` on a
+``checkpoint()``/``explain()``). A Pipeline is its own iterator: a second loop after a
+``break`` continues the same stream, and a loop over an ended one raises
+:class:`~zephon.PipelineEndedError`. ``checkpoint()`` returns a plain msgpack-able dict; ``restore(state)`` on a
 freshly built, identical pipeline continues exactly where the checkpoint was taken.
 
 This module is the running half of that surface and its documentation; the builder
@@ -15,17 +16,18 @@ checkpoint round to :mod:`zephon.running`, the state's schema to
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Literal, Self
 
 import msgpack
 
 from zephon._fingerprint import pipeline_fingerprints
 from zephon.building import ChainBuilder
-from zephon.checkpoint.state import build_state
+from zephon.checkpoint.state import build_state, check_header, state_step
 from zephon.collector import PROMOTE_LANES, collector_paused
 from zephon.compile import Plan, compile_pipeline, explain
 from zephon.engine import Engine, closed_error
-from zephon.errors import CheckpointError
+from zephon.errors import CheckpointError, DroppedRecordsWarning, PipelineEndedError
 from zephon.operators.base import Operator
 from zephon.options import (  # the defaults and auto_workers stay importable from here
     AUTO_WORKERS_MAX,
@@ -71,7 +73,17 @@ class Pipeline(ChainBuilder):
             (with ``drop_last=False`` the last step may hold lanes' partial batches), and
             what the other lanes still held is not delivered. Either way every worker
             count yields exactly the stream of ``workers=0``.
-        aggregate_dir, aggregate_store, aggregate_timeout_s: multi-rank checkpoint rounds.
+        aggregate_dir, aggregate_store, aggregate_timeout_s: multi-rank checkpoint rounds
+            (see :meth:`checkpoint`); ``aggregate_timeout_s`` is one round's whole budget.
+        aggregate_lease_s: how long a rank's liveness key outlives its process: a job
+            restarted on another host after a crash waits this long for the dead ranks'
+            keys (on the same host it takes them over at once), and followers give a round
+            up this long after its leader died. Keep it below ``aggregate_timeout_s``.
+        job_id: what tells this job's rounds from another job's on the same store location
+            (ranks of one job must agree). ``None``: ``ZEPHON_JOB_ID``, else the launcher's
+            (torchrun, Slurm, MPI, the JAX coordinator, ``MASTER_ADDR:MASTER_PORT``), else
+            ``"default"``; two jobs that cannot be told apart are refused with an error
+            naming this option (see :mod:`zephon.checkpoint.rounds.job`).
         prefetch: batches a pump thread of this process prepares ahead of the consumer's
             ``next()`` (0: no pump thread; each batch is made when asked for). In process
             the pump runs the operators; with workers it takes batches out of their rings,
@@ -117,6 +129,8 @@ class Pipeline(ChainBuilder):
         aggregate_dir: str | None = None,
         aggregate_store: str | None = None,
         aggregate_timeout_s: float = 60.0,
+        aggregate_lease_s: float = 10.0,
+        job_id: str | None = None,
         prefetch: int | None = None,
         ring_slots: int | None = None,
         zero_copy: bool = False,
@@ -138,6 +152,8 @@ class Pipeline(ChainBuilder):
             aggregate_dir=aggregate_dir,
             aggregate_store=aggregate_store,
             aggregate_timeout_s=aggregate_timeout_s,
+            aggregate_lease_s=aggregate_lease_s,
+            job_id=job_id,
             prefetch=prefetch,
             ring_slots=ring_slots,
             zero_copy=zero_copy,
@@ -156,6 +172,8 @@ class Pipeline(ChainBuilder):
         self.aggregate_dir = options.aggregate_dir
         self.aggregate_store = options.aggregate_store
         self.aggregate_timeout_s = options.aggregate_timeout_s
+        self.aggregate_lease_s = options.aggregate_lease_s
+        self.job_id = options.job_id
         self.prefetch = options.prefetch
         self.ring_slots = options.ring_slots
         self.zero_copy = options.zero_copy
@@ -236,12 +254,30 @@ class Pipeline(ChainBuilder):
 
     # ------------------------------------------------------------ iterate
     def __iter__(self) -> Pipeline:
+        """The pipeline itself: a loop that stops early (``break``) and a later loop go on
+        with the same stream. Once the stream has ended there is no other pass: a loop
+        over it then raises :class:`~zephon.PipelineEndedError` (``next()`` goes on
+        raising ``StopIteration``, as an iterator does)."""
+        if self._engine is not None and self._engine._finished:  # noqa: SLF001 - ours
+            raise PipelineEndedError(
+                "the pipeline has ended: it was iterated to its end already, and a second "
+                "loop over it would yield nothing. For another pass, build a new pipeline, "
+                "or make the work source repeat its data: StaticMixtureWorkSource(..., "
+                "num_epochs=N) (None: endless)"
+            )
         return self
 
     def __next__(self) -> Any:
         if self._closed:
             raise closed_error()
-        return self._get_engine().next()
+        engine = self._get_engine()
+        ended = engine._finished  # noqa: SLF001 - ours
+        try:
+            return engine.next()
+        except StopIteration:
+            if not ended:  # the end was reached by this call: said once per run
+                _warn_dropped(engine)
+            raise
 
     @property
     def last_batch_lanes(self) -> tuple[int, ...]:
@@ -340,6 +376,9 @@ class Pipeline(ChainBuilder):
         """
         if self._closed:
             raise closed_error()
+        if isinstance(state, dict):  # (plan_restore says what is wrong with anything else)
+            check_header(state)
+            step = state_step(state)
         by_lane, holds, next_lane, change = plan_restore(self, state, allow_mixture_change)
         if self._engine is not None:
             self._engine.close()
@@ -347,7 +386,7 @@ class Pipeline(ChainBuilder):
         engine = self._get_engine()
         try:
             # Another topology: the engine gives the turn to the least advanced lane.
-            engine.restore(by_lane, holds, next_lane)
+            engine.restore(by_lane, holds, next_lane, step)
         except CheckpointError:
             # Nothing half-restored survives: the next restore() or next() starts clean.
             engine.close()
@@ -410,3 +449,24 @@ class Pipeline(ChainBuilder):
     def __repr__(self) -> str:
         ops = ".".join(repr(op) for op in self._ops)
         return f"Pipeline(lanes={self.canonical_replicas}, ops={ops})"
+
+
+def _warn_dropped(engine: Engine) -> None:
+    """At the end of the data: how many records ``batch(drop_last=True)`` dropped with the
+    lanes' last partial batches (nothing when it dropped none)."""
+    dropped = {lane: c.dropped_at_end for lane, c in engine.lane_counts.items() if c.dropped_at_end}
+    if not dropped:
+        return
+    total = sum(dropped.values())
+    batch = next((op for op in engine.plan.ops if hasattr(op, "dropped_at_end")), None)
+    size = getattr(batch, "batch_size", None)
+    most = f" (at most {len(engine.lanes)} lanes x (batch_size {size} - 1) a pass)" if size else ""
+    warnings.warn(
+        f"zephon: the pipeline ended and batch(drop_last=True) dropped {total} record"
+        f"{'s' if total != 1 else ''}: the last partial batch of {len(dropped)} of its "
+        f"{len(engine.lanes)} lanes{most}. To deliver them, build it with batch(..., "
+        "drop_last=False) (short last batches) or batch(..., pad_last=True) (full-size "
+        "batches padded, with a 'batch_mask' feature)",
+        DroppedRecordsWarning,
+        stacklevel=3,
+    )

@@ -82,6 +82,8 @@ def open_aggregator(opts: Options, fingerprint: str) -> Aggregator:
             timeout_s=opts.aggregate_timeout_s,
             expected_lanes=lambda r: lanes_of_rank(topo, r),
             merge=merge_states,
+            lease_ttl_s=opts.aggregate_lease_s,
+            job_id=opts.job_id,
             fingerprint=fingerprint,  # rounds of two pipelines never meet
         )
     except BaseException:

@@ -125,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
                     failed_at_unix=time.time(),
                 )
                 break
+            assert merged.pop("round")["step"] == step  # (its round id differs every run)
             result["merged"].append(merged)
             result["digests"].append(digest(merged))
         if result["error"] is not None and args.linger_s:

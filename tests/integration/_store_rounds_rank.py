@@ -48,12 +48,13 @@ def state_of(rank: int, world_size: int, round_no: int, mark: str | None = None)
             "canonical_replicas": world_size * LANES_PER_RANK,
         },
         "lanes": lanes,
+        "step": round_no,
     }
 
 
 def merge(states: list[dict]) -> dict:
     lanes = sorted((x for s in states for x in s["lanes"]), key=lambda x: x["lane"])
-    return {"lanes": lanes}
+    return {"lanes": lanes, "step": states[0]["step"]}
 
 
 def expected_result(rank: int, world_size: int, round_no: int) -> dict:
@@ -66,7 +67,10 @@ def expected_result(rank: int, world_size: int, round_no: int) -> dict:
 
 
 def without_share(result: dict) -> dict:
-    return {k: v for k, v in result.items() if k != "share"}
+    """The result without its "share" entry and what it says of its round (checked: the
+    round's step is the state's)."""
+    assert result["round"]["step"] == result["step"], result
+    return {k: v for k, v in result.items() if k not in ("share", "round")}
 
 
 def emit(**record) -> None:

@@ -240,3 +240,31 @@ def test_stale_leader_sigstopped_before_its_commit_the_ranks_agree(tmp_path, fol
         for rep in reports:
             assert rep.get("error") is None, rep
         check_round(reports, n, 0)
+
+
+def test_a_job_restarted_right_after_every_rank_was_killed_checkpoints_at_once(tmp_path):
+    """Issue 33 item 4: every rank SIGKILLed mid-round (the leader stopped in its merge),
+    the same job started again at once with a long lease: the dead ranks' liveness keys
+    (this host's, their processes gone) are taken over, not waited for, and the first
+    round commits within a second or two instead of a lease time."""
+    n, ttl = 3, 30.0
+    root = tmp_path / "agg"
+    procs = _start_job(tmp_path, root, n, lease_ttl_s=ttl, tag="crashed")
+    try:
+        _wait_for(tmp_path / "crashed-rank0.json.stopped", procs)
+        time.sleep(0.2)  # the followers wait for the commit, holding their keys
+    finally:
+        for p in procs:
+            os.kill(p.pid, signal.SIGCONT)
+            p.kill()
+            p.communicate()
+    left = namespace_files(root)
+    assert any(f.endswith(".c.leader") for f in left), left  # the dead leader's key...
+    assert sum(".m." in f for f in left) == n - 1, left  # ...and the followers'
+    t = time.monotonic()
+    again = run_job(tmp_path, root, n, rounds=2, lease_ttl_s=ttl, timeout_s=20.0, tag="again")
+    elapsed_s = time.monotonic() - t
+    for rep in again:
+        assert rep.get("error") is None, rep
+    check_round(again, n, 1)
+    assert elapsed_s < ttl / 3, f"the restart waited {elapsed_s:.1f} s for dead ranks' keys"

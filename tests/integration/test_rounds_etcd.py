@@ -40,11 +40,13 @@ def state_of(rank: int, n: int, step: int, mark: str = "", lanes_per_rank: int =
         "lanes": [
             {"lane": lane, "step": step, "mark": mark} for lane in lanes_of(rank, lanes_per_rank)
         ],
+        "step": step,
     }
 
 
 def merge(states: list[dict]) -> dict:
-    return {"lanes": sorted((x for s in states for x in s["lanes"]), key=lambda x: x["lane"])}
+    lanes = sorted((x for s in states for x in s["lanes"]), key=lambda x: x["lane"])
+    return {"lanes": lanes, "step": states[0]["step"]}
 
 
 def make_aggs(url: str, namespace: str, n: int, **kw: Any) -> list[Any]:
@@ -140,7 +142,9 @@ def test_a_waiting_follower_sends_no_requests_while_it_waits(etcd):
         t.join(30)
         assert isinstance(out[1], dict), out
         stats = aggs[1].last_round
-        assert stats.requests <= 6, stats  # the probe (after 0.5 s), the state, the ack
+        # its place (a lease and its key: first round only), the probe (after 0.5 s), the
+        # state, the ack
+        assert stats.requests <= 8, stats
         assert stats.events >= 3, stats  # announcement, its close, the commit: pushed
     finally:
         for a in aggs:
@@ -305,8 +309,9 @@ def test_with_a_blob_location_states_never_enter_etcd(etcd, tmp_path):
             assert all(
                 out[r]["lanes"] == [{"lane": r, "step": step, "mark": ""}] for r in range(1, n)
             )
-        # While round 2 merges: round 1's states (kept for its shares) and round 2's.
-        assert len([k for k in seen["blobs"] if ".s." in k]) == n + n - 1, seen
+        # While round 2 merges: round 1's states (kept for its shares) and round 2's (the
+        # leader's too: it writes its own before it commits).
+        assert len([k for k in seen["blobs"] if ".s." in k]) == n + n, seen
         assert not [k for k in seen["etcd"] if ".s." in k], seen
         for a in aggs[1:]:
             assert a.last_round.requests == 2  # its state, its ack: both in the directory
@@ -315,3 +320,90 @@ def test_with_a_blob_location_states_never_enter_etcd(etcd, tmp_path):
             a.close()
     assert _etcd_keys(etcd.url, namespace) == []
     assert os.listdir(tmp_path / namespace) == []
+
+
+_CLOSE_DURING_OUTAGE = """
+import sys
+from zephon.checkpoint.aggregate import Aggregator
+from zephon.checkpoint.stores.etcd import EtcdStore
+
+agg = Aggregator(
+    EtcdStore.from_url(sys.argv[1], request_timeout_s=1.0),
+    rank=0,
+    world_size=1,
+    timeout_s=10.0,
+    expected_lanes=lambda r: [0],
+    merge=lambda states: {"lanes": states[0]["lanes"], "step": states[0]["step"]},
+    lease_ttl_s=10.0,
+    job_id="outage",
+)
+agg.round({"topology": {"rank": 0, "world_size": 1, "dp_size": 1, "canonical_replicas": 1},
+           "lanes": [{"lane": 0}], "step": 3})
+print("committed", flush=True)
+sys.stdin.readline()  # the test stops etcd meanwhile
+agg.close()  # its lease cannot be revoked: etcd does not answer
+print("closed", flush=True)
+"""
+
+
+def test_a_leader_that_closed_while_etcd_was_down_does_not_block_the_next_job(etcd):
+    """Issue 33 item 4: the leader's liveness lease could not be revoked (etcd stopped
+    while it closed) and etcd renews leases when it comes back; the next job's leader, on
+    the same host, takes the key over at once since its holder's process is gone, instead
+    of waiting out the 10 s lease."""
+    import subprocess
+    import sys
+    import time
+
+    from zephon.checkpoint.aggregate import Aggregator
+    from zephon.checkpoint.stores.etcd import EtcdStore
+
+    url = f"{etcd.url}/{uuid.uuid4().hex}"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _CLOSE_DURING_OUTAGE, url],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout.readline().strip() == "committed"
+        etcd.pause()
+        try:
+            proc.stdin.write("close\n")
+            proc.stdin.flush()
+            assert proc.stdout.readline().strip() == "closed"
+            assert proc.wait(timeout=30) == 0
+        finally:
+            etcd.resume()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdin.close()
+        proc.stdout.close()
+    leftover = EtcdStore.from_url(url)
+    try:
+        assert any(k.endswith(".c.leader") for k in leftover.list_keys("")), "the key stayed"
+    finally:
+        leftover.close()
+    agg = Aggregator(
+        EtcdStore.from_url(url),
+        rank=0,
+        world_size=1,
+        timeout_s=10.0,
+        expected_lanes=lambda r: [0],
+        merge=lambda states: {"lanes": states[0]["lanes"], "step": states[0]["step"]},
+        lease_ttl_s=10.0,
+        job_id="outage",
+    )
+    try:
+        t = time.monotonic()
+        state = {
+            "topology": {"rank": 0, "world_size": 1, "dp_size": 1, "canonical_replicas": 1},
+            "lanes": [{"lane": 0}],
+            "step": 0,
+        }
+        assert agg.round(state)["step"] == 0
+        assert time.monotonic() - t < 3.0, "waited for the dead leader's lease"
+    finally:
+        agg.close()

@@ -131,7 +131,9 @@ def test_promoting_leaves_objects_the_program_froze_frozen() -> None:
         assert frozen > 0
         with collector_paused(promote=True):
             [{"k": [k]} for k in range(100)]
-        assert gc.get_freeze_count() == frozen  # not thawed, nothing added
+        # Not thawed (that would leave 0) and nothing added. (Daemon threads that earlier
+        # tests left, a lease's refresher say, may free a few frozen objects meanwhile.)
+        assert frozen - 1000 < gc.get_freeze_count() <= frozen
     finally:
         gc.unfreeze()
 

@@ -18,12 +18,28 @@ from zephon.checkpoint.rounds.keys import LEADER_RANK, Keys
 from zephon.checkpoint.rounds.leader import Leader
 from zephon.checkpoint.rounds.stats import RoundStats
 from zephon.checkpoint.share import SHARE_KEY
+from zephon.checkpoint.state import STEP
 from zephon.checkpoint.stores import Store, open_store
 from zephon.errors import AggregationError
 
 __all__ = ["LEADER_RANK", "SHARE_KEY", "Aggregator", "Keys", "RoundStats", "open_store"]
 
 _log = logging.getLogger(__name__)
+
+
+def round_step(state: dict[str, Any]) -> int:
+    """The step a state names.
+
+    Raises:
+        ValueError: the state names no step (an int >= 0).
+    """
+    step = state.get(STEP) if isinstance(state, dict) else None
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(
+            f"a round's state must name its step (state[{STEP!r}], an int >= 0: the batches"
+            f" delivered since the start of the data); got {step!r}"
+        )
+    return step
 
 
 class Aggregator:
@@ -89,6 +105,7 @@ class Aggregator:
         self.fingerprint = fingerprint
         self._own_store = own_store
         self._closed = False
+        self._calls = 0
         self._ctx = RoundContext(
             store,
             rank=rank,
@@ -129,7 +146,13 @@ class Aggregator:
         return self._side.last
 
     def round(self, state: dict[str, Any]) -> dict[str, Any]:
-        """Run one round; every rank calls it with its own state.
+        """Run one round; every rank calls it with its own state, at the same step.
+
+        The state names its step (``state["step"]``, see :mod:`zephon.checkpoint.state`):
+        a round is one step of one job. A follower joins only a round of its own step; one
+        that finds the leader's round at another step fails this call (its state is behind)
+        or ends that round (the leader's is), naming both steps, and the next call at a
+        step every rank reaches runs a round as usual.
 
         Returns:
             On the leader, the merged state; on a follower, its share of it: the merged
@@ -145,8 +168,10 @@ class Aggregator:
         """
         if self._closed:
             raise AggregationError(f"{self._ctx.p} round() after close()")
+        step = round_step(state)
+        self._calls += 1  # (named in messages about ranks at other steps)
         try:
-            return self._side.round(state)
+            return self._side.round(state, step, self._calls)
         except (AggregationError, KeyboardInterrupt, SystemExit):
             raise
         except Exception as e:  # a store that cannot be reached, a disk that is full, ...
@@ -163,10 +188,7 @@ class Aggregator:
             return
         self._closed = True
         try:
-            if isinstance(self._side, Leader):
-                self._side.close()
-            else:
-                self._ctx.close_watch()
+            self._side.close()
         finally:
             if self._own_store:
                 self.store.close()

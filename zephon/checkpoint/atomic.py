@@ -9,27 +9,71 @@ for their own temp-then-rename steps.
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
+import re
 import secrets
+import socket
 
-__all__ = ["atomic_write_bytes", "fsync_dir", "naming_target", "temp_path"]
+__all__ = ["atomic_write_bytes", "fsync_dir", "naming_target", "remove_stale_temps", "temp_path"]
 
 # fsync on a directory fd is refused by some filesystems (and by Windows, where a directory
 # cannot be opened at all). The rename has happened by then; there is nothing better to do.
 _DIR_FSYNC_UNSUPPORTED = {errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EBADF}
 
 
+#: This host in temp names (8 hex of its name's hash): whose temp files are whose.
+_HOST_TAG = hashlib.blake2b(socket.gethostname().encode(), digest_size=4).hexdigest()
+_TEMP = re.compile(r"\..+\.tmp-([0-9]+)-([0-9a-f]{8})[0-9a-f]{16}")
+
+
 def temp_path(path: str | os.PathLike[str]) -> str:
-    """A unique, hidden temp name next to ``path``: ``dir/.{name}.tmp-{pid}-{random}``.
+    """A unique, hidden temp name next to ``path``:
+    ``dir/.{name}.tmp-{pid}-{host}{random}``.
 
     Same directory, so the final ``os.replace`` is a rename within one filesystem (atomic);
-    pid plus 64 random bits, so concurrent writers (threads, processes, hosts sharing a
-    filesystem) never collide.
+    pid, host and 64 random bits, so concurrent writers (threads, processes, hosts sharing
+    a filesystem) never collide, and a temp file whose writer died can be told
+    (:func:`remove_stale_temps`).
     """
     directory, name = os.path.split(os.path.abspath(os.fspath(path)))
     if not name:
         raise ValueError(f"cannot write atomically to {os.fspath(path)!r}: it names no file")
-    return os.path.join(directory, f".{name}.tmp-{os.getpid()}-{secrets.token_hex(8)}")
+    return os.path.join(directory, f".{name}.tmp-{os.getpid()}-{_HOST_TAG}{secrets.token_hex(8)}")
+
+
+def remove_stale_temps(directory: str | os.PathLike[str]) -> list[str]:
+    """Remove the temp files of :func:`temp_path` in ``directory`` whose writer is gone: a
+    process of this host that no longer runs (a save killed midway leaves its temp file;
+    another host's are left to that host). Never raises; returns what it removed."""
+    removed: list[str] = []
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return removed
+    for entry in entries:
+        m = _TEMP.fullmatch(entry.name) if entry.name.startswith(".") else None
+        if m is None or m.group(2) != _HOST_TAG:
+            continue
+        pid = int(m.group(1))
+        if pid == os.getpid() or _running(pid):
+            continue
+        try:
+            os.unlink(entry.path)
+            removed.append(entry.path)
+        except OSError:
+            pass
+    return removed
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
 
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:

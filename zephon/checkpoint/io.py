@@ -32,9 +32,9 @@ from typing import Any, BinaryIO
 import msgpack
 import zstandard
 
-from zephon.checkpoint.atomic import atomic_write_bytes
+from zephon.checkpoint.atomic import atomic_write_bytes, remove_stale_temps
 from zephon.checkpoint.plain import check_decoded, check_writable, reject_ext
-from zephon.checkpoint.state import FORMAT_VERSION
+from zephon.checkpoint.state import FORMAT_VERSION, ROUND
 from zephon.errors import CheckpointError
 
 __all__ = [
@@ -123,7 +123,19 @@ def save(path: str | os.PathLike[str], state: dict[str, Any], *, level: int = 3)
     """
     from zephon.checkpoint.share import complete
 
-    return atomic_write_bytes(path, dumps(complete(state), level=level), make_parents=True)
+    # What a save killed midway left in this directory (its writer is gone) goes first.
+    remove_stale_temps(os.path.dirname(os.path.abspath(os.fspath(path))))
+    try:
+        return atomic_write_bytes(path, dumps(complete(state), level=level), make_parents=True)
+    except (OSError, CheckpointError) as e:
+        committed = state.get(ROUND) if isinstance(state, dict) else None
+        if isinstance(committed, dict):
+            e.add_note(
+                f"checkpoint round {committed.get('round_id')} (step {committed.get('step')})"
+                " committed on every rank: the state is good and only this save failed."
+                " Save it again once the cause is fixed (or save another rank's result)"
+            )
+        raise
 
 
 # ---------------------------------------------------------------------------------- reading

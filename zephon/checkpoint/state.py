@@ -10,7 +10,13 @@ A state is a plain msgpack-able dict::
                   [, "merged": True]},
      "lanes": [lane state, ...],              # see zephon.tracking.LaneTracker.state
      "round_robin": {"dp_size": D, "next_lanes": {"<dp rank>": lane}},
+     "step": S,                                # batches delivered since the start of
+                                               # the data: the same on every rank at a
+                                               # training step, what a round matches on
      ...}                                      # plus what rounds and holds add
+
+A merged state (a round's) also names its round: ``"round": {"round_id", "step",
+"job_id"}``.
 
 ``FORMAT_VERSION`` is the one version of the on-disk format: the state's ``"version"``
 and the file header of :mod:`zephon.checkpoint.io` carry it.
@@ -27,6 +33,10 @@ from zephon.topology import Topology
 
 FORMAT = "zephon.pipeline"
 FORMAT_VERSION = 1
+#: The state's step: batches delivered since the start of the data (restored with it).
+STEP = "step"
+#: What a round's merged state says of its round.
+ROUND = "round"
 #: The part map beside the fingerprint (see :mod:`zephon._fingerprint`); checkpoints made
 #: before it existed lack it.
 FINGERPRINT_PARTS = "fingerprint_parts"
@@ -40,7 +50,7 @@ def build_state(
     topo: Topology,
     engine_state: dict[str, Any],
 ) -> dict[str, Any]:
-    """One rank's state: the header, its lanes and its DP rank's next lane
+    """One rank's state: the header, its lanes, its DP rank's next lane and its step
     (``engine_state`` is :meth:`zephon.engine.Engine.state`)."""
     return {
         "format": FORMAT,
@@ -62,7 +72,25 @@ def build_state(
             "dp_size": topo.dp_size,
             "next_lanes": {str(topo.dp_rank): engine_state["next_lane"]},
         },
+        STEP: engine_state["step"],
     }
+
+
+def state_step(state: dict[str, Any]) -> int:
+    """The step a state names.
+
+    Raises:
+        CheckpointError: it names none, or not an int >= 0.
+    """
+    if STEP not in state:
+        raise CheckpointError(
+            f"malformed checkpoint: it names no {STEP!r} (the batches delivered since the"
+            " start of the data, which every checkpoint since 2026-12 carries)"
+        )
+    step = state[STEP]
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise CheckpointError(f"malformed checkpoint: {STEP!r} must be an int >= 0; got {step!r}")
+    return step
 
 
 def check_header(state: dict[str, Any]) -> None:
@@ -126,7 +154,9 @@ def merge_states(states: list[dict[str, Any]]) -> dict[str, Any]:
     """Every rank's state (index = rank) into one covering all lanes.
 
     Model-parallel peers of one DP group read the same lanes, so their lane states must
-    be identical; the group's lowest rank speaks for it.
+    be identical; the group's lowest rank speaks for it. The merged state names rank 0's
+    step: a round merges states of one step only (it checks), while merging states of
+    several steps by hand (each lane continues where it stopped) is the caller's choice.
     """
     from zephon.errors import AggregationError
 

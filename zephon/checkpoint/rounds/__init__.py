@@ -4,38 +4,61 @@ The leader/follower round of the seed page ("Multi-rank aggregation"), over any
 :class:`~zephon.checkpoint.stores.base.Store`, at any world size. The leader is global
 rank 0. The entry point is :class:`zephon.checkpoint.aggregate.Aggregator`; this package
 holds its parts: ``keys`` (where everything lives, what the records hold), ``job`` (the job
-id), ``wait`` (one budget, backoff, watches), ``leader``, ``follower``, ``context`` (what
-both share: deciding a round, probing the store), ``checks`` (the leader's checks of what
-the ranks sent), ``merged`` (a follower's share, whose whole merged state is read back
-from the round's state records), ``stats`` (what a round cost).
+id), ``holder`` (each rank's liveness key, taken over from a dead holder), ``wait`` (one
+budget, backoff, watches), ``leader``, ``follower``, ``context`` (what both share: deciding
+a round, probing the store), ``checks`` (the leader's checks of what the ranks sent),
+``merged`` (a follower's share, whose whole merged state is read back from the round's
+state records), ``stats`` (what a round cost).
+
+**What a round guarantees** (SPEC section 6; ``tests/chaos`` checks it under random
+faults): a round is one step of one job. Every rank's state names its step (batches
+delivered since the start of the data); the announcement names the leader's, a follower
+joins only a round of its own step and the leader merges only states of it. The outcome is
+one decision key, written once, and every rank's return value is read from it: all ranks
+return the committed state or all raise. Everything a committed round's file needs (every
+rank's state record) is in the store before the commit is written. A failed round costs
+that round: the next call at a step every rank reaches runs a new one.
 
 Leader::
 
     keep_alive("c.leader", exclusive)     once, held until close(): followers see it alive;
-                                          a live key of another session is a second leader
+                                          a dead holder of this host is taken over at once,
+                                          another host's waited for (its lease), a live
+                                          one is another job: an error naming job_id=
     announce("c.gen") -> fence            the generation every committing write is fenced on
-    put("c.round")                        the announcement: round id, world size, job id,
-                                          pipeline fingerprint
+    put("c.round")                        the announcement: round id, step, world size, job
+                                          id, pipeline fingerprint (if it fails: the round
+                                          announced as failed, or an empty announcement)
+    put("s.<id>.0", its own state record) beside the followers' (before the commit)
     wait until every rank r wrote "s.<id>.r", reporting exactly expected_lanes(r) (its DP
-        group's lanes); a state that disagrees with the lane mapping, or belongs to another
-        job or pipeline, raises at once; a follower's abort (the decision key) or a vanished
-        generation ends the wait at once
+        group's lanes) at the round's step; a state that disagrees with the lane mapping or
+        the step, or belongs to another job or pipeline, raises at once; a follower's abort
+        (the decision key) or a vanished generation ends the wait at once
     delete("c.round")                     the round is closed
     merge; create("c.d.<id>", commit manifest, fence)
                                           the commit: the merged state's header (no lanes)
-                                          and one 8-byte digest per rank's state record
-    put("s.<id>.0", its own state record) beside the followers', for the shares (read
-                                          only on demand)
+                                          and one 8-byte digest per rank's state record; if
+                                          writing it raises, the decision key is read back
+                                          (the store may have taken it): a commit there is
+                                          the round's outcome on this rank too
     wait until every "a.<id>.r" is written (a follower's acknowledgement)
     delete the acks, the previous round's commit and its states; compact the store's
         history (etcd)
 
 Follower r::
 
+    keep_alive("m.<r>", exclusive)        once, held until close(): one live process per
+                                          rank (taken over and refused as the leader's)
     watch "c." (etcd) or poll it with backoff (directory, TCPStore, JAX)
-    read "c.round" -> round id; create("s.<id>.r", state record)
+    read "c.round" -> round id and step. At another step: behind it (the leader passed this
+        rank's step), fail at once naming both steps; ahead of it (the leader's round can
+        never get this rank's state), end that round with a notice naming both, and wait
+        for the leader to reach this step. The leader this rank worked with gone (its key)
+        with nothing announced: fail, naming why
+    create("s.<id>.r", state record)
     wait for "c.d.<id>": a commit whose digest for rank r is this rank's record -> the
-        result; an abort -> fail with its reason
+        result; an abort -> fail with its reason; reads the store fails are tried again
+        (the state is written: only the decision key says the round failed)
     put("a.<id>.r", its record's digest)  the acknowledgement (its state stays for the
                                           shares until the next round is acknowledged)
 
@@ -52,6 +75,11 @@ close()), and ``zephon.save`` of a share, or a
 ``restore`` of it on lanes it does not hold, reads them from there. So a follower's result
 saves and restores on any rank and any world size, as before; only a rank that saves it
 pays for reading every lane.
+
+**A store that cannot be reached** when a rank must learn the outcome (a restart of etcd
+under the round) is waited for, up to one more ``timeout_s`` past the round's budget: a
+rank never guesses, since a commit may be there. If it never answers, the rank raises,
+saying the round may have committed elsewhere.
 
 **One decision per round.** ``c.d.<id>`` is written with ``create`` (only if absent): by
 the leader's commit, or by anyone's abort notice (the leader's failure notice; a follower

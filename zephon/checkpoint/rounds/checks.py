@@ -14,6 +14,7 @@ from typing import Any
 from zephon.checkpoint.rounds.context import RoundContext, read_decision
 from zephon.checkpoint.rounds.keys import LEADER_RANK, STATE, decode
 from zephon.checkpoint.rounds.wait import ControlView
+from zephon.checkpoint.state import STEP
 from zephon.errors import AggregationError
 
 __all__ = [
@@ -47,9 +48,10 @@ def leader_topology(ctx: RoundContext, rid: str, own: Any) -> dict[str, Any]:
 
 
 def checked_state(
-    ctx: RoundContext, rid: str, r: int, key: str, blob: bytes, ref: dict[str, Any]
+    ctx: RoundContext, rid: str, r: int, key: str, blob: bytes, ref: dict[str, Any], step: int
 ) -> Any:
-    """Rank ``r``'s state from its state record ``blob`` (found at ``key``), checked."""
+    """Rank ``r``'s state from its state record ``blob`` (found at ``key``), checked: of
+    this round, job and pipeline, at the round's ``step``, and by the lane mapping."""
     rec = decode(blob, STATE)
     if rec is None:
         raise AggregationError(
@@ -62,6 +64,14 @@ def checked_state(
             f"{ctx.p} rank {r} could not take part in round {rid}: {rec['error']}"
         )
     check_state(ctx, rid, r, rec.get("state"), ref)
+    theirs = rec["state"].get(STEP)
+    if theirs != step:
+        # A follower joins only a round of its own step: this is no rank of this job.
+        raise AggregationError(
+            f"{ctx.p} rank {r}'s state in round {rid} is at step {theirs!r}, the round's"
+            f" is {step}: a round merges only states of one step; is another program"
+            f" writing to {ctx.where}?"
+        )
     return rec["state"]
 
 

@@ -13,14 +13,15 @@ from typing import Any
 from zephon.checkpoint.rounds.keys import ABORT, COMMIT, Keys, decode, encode
 from zephon.checkpoint.rounds.wait import open_watch
 from zephon.checkpoint.stores.base import counters_of
-from zephon.errors import AggregationError
 
 __all__ = ["Decision", "RoundContext"]
 
 
 @dataclass(frozen=True)
 class Decision:
-    """A round's decision as read back: ``kind`` is ``"commit"`` or ``"abort"``."""
+    """A round's decision as read back: ``kind`` is ``"commit"`` or ``"abort"`` (or
+    ``"unknown"``: the store could not be reached to read it; see
+    :meth:`RoundContext.abort`)."""
 
     kind: str
     record: dict[str, Any]
@@ -90,6 +91,15 @@ class RoundContext:
     def where(self) -> str:
         return str(self.store.describe())
 
+    def conflict_message(self, what: str) -> str:
+        """The start of the error for a rank whose place (``what``) another live process
+        holds: two jobs that this location cannot tell apart."""
+        return (
+            f"{self.p} {what} of {self.who()} in {self.where} is another process's: two jobs"
+            " with the same job id and pipeline share this location, and their rounds would"
+            " mix. Give each job its own id: Pipeline(job_id=...) or ZEPHON_JOB_ID"
+        )
+
     def who(self) -> str:
         """``job 'slurm:1' pipeline 3f9a…`` for messages about identity."""
         fp = self.fingerprint[:12] + "…" if len(self.fingerprint) > 12 else self.fingerprint
@@ -122,15 +132,42 @@ class RoundContext:
 
     # -------------------------------------------------------------------- deciding
 
-    def abort(self, rid: str, error: str, **fields: Any) -> Decision | None:
+    def abort(
+        self, rid: str, error: str, *, settle_until: float | None = None, **fields: Any
+    ) -> Decision | None:
         """Decide round ``rid`` as failed, with ``error`` as the notice; never raises.
 
-        The decision key is created, so if someone decided first (the leader committed)
-        that decision is returned and stands. When the store refuses the notice, an empty
-        decision is tried (a full disk still takes an empty file), then the generation key
-        is deleted (etcd over its quota still takes deletes): either way no commit of
-        ``rid`` can follow, and waiting ranks see the round end.
+        Returns None when this abort decided the round, else the decision that stands (the
+        leader's commit, someone's notice). The decision key is created, so if someone
+        decided first that decision is returned and stands. When the store refuses the
+        notice, an empty decision is tried (a full disk still takes an empty file), then
+        the generation key is deleted (etcd over its quota still takes deletes): either
+        way no commit of ``rid`` can follow, and waiting ranks see the round end.
+
+        With ``settle_until`` (a ``time.monotonic()`` time), a store that cannot be reached
+        at all (not even read) is tried again until then, because the round's outcome is
+        what its decision key holds and a rank must not guess it (a commit may be there):
+        a store restarting under the round is waited for. If it never answers, the
+        decision returned is ``"unknown"``.
         """
+        while True:
+            decision, reached = self._abort_once(rid, error, fields)
+            if reached:
+                return decision
+            if settle_until is None or time.monotonic() >= settle_until:
+                return Decision(
+                    "unknown",
+                    {
+                        "error": f"{self.where} could not be reached to learn the outcome of"
+                        f" round {rid}: it may have committed on other ranks"
+                    },
+                )
+            time.sleep(min(0.2, max(settle_until - time.monotonic(), 0.0)))
+
+    def _abort_once(
+        self, rid: str, error: str, fields: dict[str, Any]
+    ) -> tuple[Decision | None, bool]:
+        """One try of :meth:`abort`: its result, and whether the store answered at all."""
         notice = encode(ABORT, round_id=rid, rank=self.rank, error=error, **fields)
         key = self.keys.decision(rid)
         failures = []
@@ -140,11 +177,22 @@ class RoundContext:
             except Exception as e:  # noqa: BLE001 - try the next, smaller signal
                 failures.append(f"{type(e).__name__}: {e}")
                 continue
-            return None if existing is None else read_decision(existing)
+            return (None if existing is None else read_decision(existing)), True
         try:
             self.store.delete(self.keys.gen)
         except Exception as e:  # noqa: BLE001
             failures.append(f"{type(e).__name__}: {e}")
+            try:
+                blob = self.store.get(key)
+            except Exception:  # noqa: BLE001 - not even a read: the store is unreachable
+                self.log.warning(
+                    "%s could not reach %s to end round %s: %s",
+                    self.p,
+                    self.where,
+                    rid,
+                    "; ".join(failures),
+                )
+                return None, False
             self.log.error(
                 "%s could not publish the failure notice of round %s in %s, nor end the"
                 " round by deleting its generation key: %s",
@@ -153,7 +201,7 @@ class RoundContext:
                 self.where,
                 "; ".join(failures),
             )
-            return None
+            return (None if blob is None else read_decision(blob)), True
         self.log.error(
             "%s the store refused the failure notice of round %s (%s); ended the round by"
             " deleting its generation key instead",
@@ -165,8 +213,8 @@ class RoundContext:
         with contextlib.suppress(Exception):
             blob = self.store.get(key)
             if blob is not None:
-                return read_decision(blob)
-        return None
+                return read_decision(blob), True
+        return None, True
 
     def probe(self) -> str | None:
         """Whether this rank can write to the store at all: None, or the store's error."""
@@ -185,7 +233,7 @@ class RoundContext:
         if d.empty:
             refused = self.probe()
             if refused is not None:
-                return f"the store refuses writes ({refused})"
+                return f"the store {self.where} refuses writes ({refused})"
         return d.why
 
     def refused_message(self, rid: str | None, error: str) -> str:
@@ -214,11 +262,3 @@ class RoundContext:
                 return
         for key in keys:
             self.delete_quietly(key)
-
-
-def raise_as_round_error(ctx: RoundContext, rid: str | None, e: BaseException) -> None:
-    """Re-raise a store failure as an AggregationError that names the rank and the store."""
-    if isinstance(e, AggregationError | KeyboardInterrupt | SystemExit):
-        raise e
-    what = f"round {rid}" if rid else "the checkpoint round"
-    raise AggregationError(f"{ctx.p} {what} failed in {ctx.where}: {type(e).__name__}: {e}") from e

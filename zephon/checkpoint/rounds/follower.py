@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
+import uuid
 from typing import Any
 
 from zephon.checkpoint.rounds.context import Decision, RoundContext, read_decision
+from zephon.checkpoint.rounds.holder import Holder, PlaceTakenError, holder_value, take_place
 from zephon.checkpoint.rounds.keys import (
     DIGEST_BYTES,
     LEADER_RANK,
@@ -43,7 +46,7 @@ class _Joined:
         self.problem: str | None = None  # a notice that did not count yet (maybe a leftover)
         self.digest = b""  # of the state record this rank wrote for the round
 
-    def join(self, ann: Announcement, fresh: bool) -> None:
+    def join(self, ann: Announcement | None, fresh: bool) -> None:
         self.ann, self.fresh = ann, fresh
         self.leader_seen, self.gen_seen, self.gone_since, self.problem = False, False, None, None
         self.digest = b""
@@ -56,36 +59,96 @@ class _StateNotSerialisable(AggregationError):
     pass
 
 
+class _StoreHiccup(Exception):
+    """A read of the store failed while this rank waited for its round's decision."""
+
+
+class _Reads:
+    """A :class:`ControlView` whose reads raise :class:`_StoreHiccup` when the store
+    fails them (so waiting tells a store that hiccuped from a round that failed)."""
+
+    def __init__(self, view: ControlView) -> None:
+        self.view = view
+
+    def get(self, key: str) -> bytes | None:
+        try:
+            return self.view.get(key)
+        except Exception as e:  # noqa: BLE001 - any store error
+            raise _StoreHiccup(f"{type(e).__name__}: {e}") from e
+
+    def get_many(self, keys: list[str]) -> list[bytes | None]:
+        try:
+            return self.view.get_many(keys)
+        except Exception as e:  # noqa: BLE001
+            raise _StoreHiccup(f"{type(e).__name__}: {e}") from e
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.view, name)
+
+
+class _Polling:
+    """What :meth:`Follower._await_decision` keeps between looks."""
+
+    def __init__(self) -> None:
+        self.next_slow = 0.0
+        self.absent_reads = 0
+        self.store_error: str | None = None
+
+
+_AGAIN = object()
+
+
+class _Rejoin(Exception):
+    """The joined round turned out not to be this rank's (a leftover) and the current one
+    is at another step: wait for an announcement again."""
+
+
 class Follower:
     """Runs one follower rank's rounds; remembers the last round it took part in, so a
     leftover announcement is not joined twice."""
 
     def __init__(self, ctx: RoundContext) -> None:
         self.ctx = ctx
+        self.session = uuid.uuid4().hex[:12]
+        self.lease: Any = None  # this rank's place (its key m.<rank>), held until close()
         self.last_round: tuple[str, int] | None = None
         self._ann_cache: tuple[bytes, Announcement | None] | None = None
         self.last: RoundStats | None = None
+        #: rounds of another step this rank ended (their leader was behind it)
+        self._ended: dict[str, None] = {}
+        self._step = 0
+        self._call = 0
+        self._other_world: Announcement | None = None  # (see _read_announcement)
 
-    def round(self, state: dict[str, Any]) -> dict[str, Any]:
+    def round(self, state: dict[str, Any], step: int, call: int) -> dict[str, Any]:
         ctx, keys, n = self.ctx, self.ctx.keys, self.ctx.world_size
         deadline = Deadline(ctx.timeout_s)
         before = ctx.counters()
         joined = _Joined()
+        self._step, self._call = step, call
         ok = False
         try:
             try:
+                place_error = self._hold_place(deadline)
                 view = ControlView(ctx.store, ctx.watch(keys.control), deadline, n)
-                self._await_announcement(view, joined)
-                t_joined = deadline.elapsed_ms()
-                self._write_state(joined, state)
-                ctx.log.debug(
-                    "%s joined round %s at %.1f ms, state written at %.1f ms",
-                    ctx.p,
-                    joined.ann.round_id,
-                    t_joined,
-                    deadline.elapsed_ms(),
-                )
-                result = self._await_decision(view, joined, state)
+                while True:
+                    self._await_announcement(view, joined)
+                    t_joined = deadline.elapsed_ms()
+                    if place_error is not None:
+                        self._cannot_write(joined, place_error, "its liveness key")
+                    self._write_state(joined, state)
+                    ctx.log.debug(
+                        "%s joined round %s at %.1f ms, state written at %.1f ms",
+                        ctx.p,
+                        joined.ann.round_id,
+                        t_joined,
+                        deadline.elapsed_ms(),
+                    )
+                    try:
+                        result = self._await_decision(view, joined, state)
+                        break
+                    except _Rejoin:
+                        continue
             except AggregationError as e:
                 if str(e).startswith(ctx.p):
                     raise
@@ -112,6 +175,95 @@ class Follower:
 
     # ------------------------------------------------------------------------ joining
 
+    def _hold_place(self, deadline: Deadline) -> Exception | None:
+        """Hold this rank's place (its liveness key) from its first round until close():
+        one live process per rank of a job on this location, so the followers of a second
+        job with the same id never join this job's rounds (see
+        :mod:`~zephon.checkpoint.rounds.holder`). Returns the store's error if it refuses
+        the write (the round this rank joins then fails at once, as for its state);
+        raises :class:`PlaceTakenError` for a place another live process holds."""
+        ctx = self.ctx
+        if self.lease is not None and not getattr(self.lease, "lost", False):
+            return None
+        if self.lease is not None:
+            ctx.log.warning("%s this rank's liveness lease was lost; taking a new one", ctx.p)
+            with contextlib.suppress(Exception):
+                self.lease.stop()
+            self.lease = None
+        try:
+            self.lease = self._take_place(deadline)
+        except PlaceTakenError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the store's error, for the round's notice
+            return e
+        return None
+
+    def _take_place(self, deadline: Deadline) -> Any:
+        ctx = self.ctx
+        return take_place(
+            ctx.store,
+            ctx.keys.member(ctx.rank),
+            holder_value(self.session, ctx.rank),
+            ctx.lease_ttl_s,
+            deadline,
+            session=self.session,
+            conflict=ctx.conflict_message(f"rank {ctx.rank}'s place"),
+            log=ctx.log,
+            p=ctx.p,
+        )
+
+    def close(self) -> None:
+        """Give this rank's place up (its liveness key goes at once)."""
+        if self.lease is not None:
+            try:
+                self.lease.stop()
+            except Exception as e:  # noqa: BLE001
+                self.ctx.log.warning("%s could not release this rank's place: %s", self.ctx.p, e)
+            self.lease = None
+        self.ctx.close_watch()
+
+    def _leader_alive(self, view: ControlView, session: str) -> bool:
+        """Whether the leader of ``session`` holds its liveness key, as far as this rank can
+        tell (a holder of this host that is gone is not alive)."""
+        blob = view.get(self.ctx.keys.leader)
+        if blob is None:
+            return False
+        holder = Holder(blob)
+        return holder.session == session and holder.gone() is not True
+
+    def _other_step(self, view: ControlView, ann: Announcement) -> str:
+        """A round announced at another step than this rank's: this rank is behind it (the
+        leader passed this step, so no round of it can follow: fail now) or ahead of it
+        (the leader's round can never get this rank's state: end it, and wait for the
+        leader to reach this step). Returns why the announcement is not joined."""
+        ctx, step, call = self.ctx, self._step, self._call
+        rid = ann.round_id
+        mine = f"rank {ctx.rank} is at step {step} (its checkpoint() call {call} since it started)"
+        theirs = f"round {rid} of the leader (rank {LEADER_RANK}) is at step {ann.step} (its call {ann.call})"
+        if ann.step < step:
+            if rid not in self._ended:
+                self._ended[rid] = None
+                while len(self._ended) > 64:
+                    del self._ended[next(iter(self._ended))]
+                ctx.log.warning("%s %s but %s: ending that round", ctx.p, mine, theirs)
+                ctx.abort(
+                    rid,
+                    f"{mine}, past the round's step {ann.step}: the ranks called checkpoint()"
+                    " at different steps, so this round cannot merge one step. Nothing was"
+                    " saved; call checkpoint() again at a step every rank reaches",
+                )
+            return f"{theirs}, behind this rank's step {step} (ended it)"
+        known = self.last_round is not None and ann.session == self.last_round[0]
+        if known or self._leader_alive(view, ann.session):
+            raise AggregationError(
+                f"{ctx.p} checkpoint() at step {step} is in no round: {mine} but {theirs}"
+                f" in {ctx.where}: the leader has passed this step (the ranks called"
+                " checkpoint() at different steps, or this rank was paused past a round)."
+                " Nothing was saved and no round was changed; call checkpoint() again at the"
+                " step the other ranks checkpoint next"
+            )
+        return f"{theirs} (not shown live: left by an earlier run?)"
+
     def _read_announcement(self, blob: bytes | None) -> tuple[Announcement | None, str | None]:
         """The current announcement if this rank may join it; else (None, why not)."""
         ctx = self.ctx
@@ -122,6 +274,11 @@ class Follower:
         else:
             ann = Announcement.decode(blob)
             self._ann_cache = (blob, ann)
+        if ann is None and not blob:
+            return None, (
+                f"an empty announcement in {ctx.keys.round!r} (its leader could not write one:"
+                " does the store refuse writes? is it full?)"
+            )
         if ann is None:
             return None, f"an unreadable announcement in {ctx.keys.round!r}"
         if (ann.job_id, ann.fingerprint) != (ctx.job_id, ctx.fingerprint):
@@ -133,6 +290,7 @@ class Follower:
                 " and build the same pipeline"
             )
         if ann.world_size != ctx.world_size:
+            self._other_world = ann
             return None, (
                 f"an announcement of round {ann.round_id} for world_size {ann.world_size}"
                 f" (this rank has {ctx.world_size}; left by an earlier run?)"
@@ -148,8 +306,31 @@ class Follower:
         fresh = False  # saw the key absent or unusable first: what follows is this job's
         probed = False
         next_probe_s = ctx.probe_after_s
+        next_slow = 0.0
+        gone_since: float | None = None  # the leader this rank worked with: its key gone
         while True:
+            self._other_world = None
             ann, why = self._read_announcement(view.get(ctx.keys.round))
+            other = self._other_world
+            if other is not None and self._leader_alive(view, other.session):
+                raise AggregationError(
+                    f"{ctx.conflict_message(f'rank {ctx.rank}')}: a live leader runs round"
+                    f" {other.round_id} for world_size {other.world_size}, and this rank has"
+                    f" world_size {ctx.world_size} (or was this rank started with another"
+                    " world_size than the others?)"
+                )
+            if ann is not None and ann.step != self._step:
+                why = self._other_step(view, ann)
+                ann = None
+            if ann is not None and ann.error:
+                known = self.last_round is not None and ann.session == self.last_round[0]
+                if known or self._leader_alive(view, ann.session):
+                    raise AggregationError(
+                        f"{ctx.p} the leader (rank {LEADER_RANK}) could not run checkpoint"
+                        f" round {ann.round_id} at step {ann.step} in {ctx.where}: {ann.error}"
+                    )
+                why = f"round {ann.round_id}, which its leader could not run"
+                ann = None
             if ann is not None:
                 # A later round of the leader this rank already worked with is this job's too.
                 known = self.last_round is not None and ann.session == self.last_round[0]
@@ -157,6 +338,27 @@ class Follower:
                 return
             fresh = True
             ignored = why or ignored
+            now = time.monotonic()
+            if self.last_round is not None and now >= next_slow:
+                # The leader this rank worked with holds its key until it closes: with the
+                # key gone (beyond a lease's grace) and no round announced, it closed,
+                # died, or gave the key up because the store refuses its writes.
+                next_slow = now + SLOW_CHECK_S
+                if view.get(ctx.keys.leader) is not None:
+                    gone_since = None
+                elif gone_since is None:
+                    gone_since = now
+                elif now - gone_since >= ctx.lease_ttl_s:
+                    refused = ctx.probe()
+                    if refused is not None:
+                        raise AggregationError(ctx.refused_message(None, refused))
+                    extra = f"; found {ignored}" if ignored else ""
+                    raise AggregationError(
+                        f"{ctx.p} the leader (rank {LEADER_RANK}) is gone: its liveness key"
+                        f" {ctx.keys.leader!r} in {ctx.where} vanished and it announced no"
+                        f" round{extra}. It closed its pipeline, died, or gave its key up"
+                        " because the store refuses its writes (is it full?)"
+                    )
             if not probed and view.deadline.elapsed_s() >= next_probe_s:
                 next_probe_s = view.deadline.elapsed_s() + max(ctx.probe_after_s, view.interval_s)
                 # Still no round and no live leader: make sure it is not the store refusing
@@ -177,6 +379,18 @@ class Follower:
                     " step?"
                 )
 
+    def _cannot_write(self, joined: _Joined, e: Exception, what: str) -> None:
+        """This rank could not write ``what`` to the store: end the joined round, naming
+        the store's error."""
+        ctx = self.ctx
+        rid = joined.ann.round_id
+        error = f"{type(e).__name__}: {e}"
+        ctx.abort(rid, f"rank {ctx.rank} could not write {what} to {ctx.where}: {error}")
+        raise AggregationError(
+            f"{ctx.p} checkpoint round {rid} failed: this rank could not write {what} to"
+            f" {ctx.where}: {error}"
+        ) from e
+
     def _write_state(self, joined: _Joined, state: dict[str, Any]) -> None:
         ctx, keys = self.ctx, self.ctx.keys
         rid = joined.ann.round_id
@@ -189,12 +403,7 @@ class Follower:
         try:
             existing = ctx.store.create(keys.state(rid, ctx.rank), record)
         except Exception as e:  # noqa: BLE001 - the store's error is the message
-            error = f"{type(e).__name__}: {e}"
-            ctx.abort(rid, f"rank {ctx.rank} could not write its state to {ctx.where}: {error}")
-            raise AggregationError(
-                f"{ctx.p} checkpoint round {rid} failed: this rank could not write its state"
-                f" to {ctx.where}: {error}"
-            ) from e
+            self._cannot_write(joined, e, "its state")
         if existing is not None and existing != record:
             if not joined.fresh:
                 # Most likely a leftover round of an earlier run whose states are still
@@ -217,103 +426,142 @@ class Follower:
     ) -> dict[str, Any]:
         """Wait for the joined round's decision; switch rounds when the joined one turns
         out to be a leftover; give up (deciding the round as failed) on the leader's death
-        or at the deadline."""
-        ctx, keys = self.ctx, self.ctx.keys
-        grace_s = ctx.lease_ttl_s / 4
-        slow_cap_s = max(SLOW_CHECK_S, grace_s)
-        next_slow = 0.0
-        absent_reads = 0
+        or at the deadline. A read the store fails (a restart, a timeout) is tried again:
+        this rank's state is written, so the round may still commit, and only the decision
+        key may say it did not."""
+        ctx = self.ctx
+        poll = _Polling()
+        reads = _Reads(view)
         while True:
-            ann = joined.ann
-            rid = ann.round_id
-            blob = view.get(keys.decision(rid))
-            if blob is not None:
-                decision = read_decision(blob)
-                if decision.kind == "abort" and (decision.empty or decision.record.get("void")):
-                    # The leader's notice of a round it could not announce (written, like
-                    # the announcement, late), or a notice the store took only empty?
-                    voiding = self._voiding_announcement(view, rid)
-                    if voiding is not None:
-                        self._move_to(joined, voiding, state, _NEVER_LIVE)
-                        continue
-                result = self._judge(joined, decision, state)
-                if result is not None:
-                    ctx.log.debug(
-                        "%s round %s decided; seen at %.1f ms",
+            try:
+                result = self._decision_once(reads, joined, state, poll)
+            except _StoreHiccup as e:
+                if poll.store_error is None:
+                    ctx.log.warning(
+                        "%s round %s: reading %s failed (%s); trying again",
                         ctx.p,
-                        rid,
-                        view.deadline.elapsed_ms(),
+                        joined.ann.round_id,
+                        ctx.where,
+                        e,
                     )
-                    return result
-            now = time.monotonic()
-            if view.pushed or now >= next_slow:
-                next_slow = now + min(max(SLOW_CHECK_S, 4 * view.interval_s), slow_cap_s)
-                leader, gen = view.get_many([keys.leader, keys.gen])
-                alive = leader is not None and leader.split(b" ", 1)[0] == ann.session.encode()
-                if alive:
-                    joined.leader_seen, joined.gone_since = True, None
-                    joined.fresh = True  # its leader is alive: not a leftover
-                if gen == rid.encode():
-                    joined.gen_seen = True
-                elif gen is None and joined.gen_seen:
-                    voiding = self._voiding_announcement(view, rid)
-                    if voiding is None:
-                        return self._ended_without_decision(joined, state)
-                    self._move_to(joined, voiding, state, _NEVER_LIVE)
-                    continue
-                # While the generation names this round no newer one was announced: the
-                # announcement is only read when it does not.
-                cur = None
-                if gen != rid.encode():
-                    cur, _ = self._read_announcement(view.get(keys.round))
-                    absent_reads = absent_reads + 1 if cur is None else 0
-                    if absent_reads >= 2:
-                        joined.fresh = True  # closed by its leader: the joined round is live
-                if cur is not None and cur.round_id != rid:
-                    if cur.session != ann.session:
-                        self._move_to(joined, cur, state, "was left by an earlier run")
-                        continue
-                    if rid in cur.void:
-                        self._move_to(joined, cur, state, _NEVER_LIVE)
-                        continue
-                    if cur.counter > ann.counter:
-                        raise AggregationError(
-                            f"{ctx.p} the leader (rank {LEADER_RANK}) abandoned round {rid} and"
-                            f" announced round {cur.round_id} in {ctx.where}"
-                            f"{joined.problem_suffix()}; this rank's checkpoint() was not part"
-                            " of it"
-                        )
-                if not alive and joined.leader_seen:
-                    now = time.monotonic()
-                    if joined.gone_since is None:
-                        joined.gone_since = now
-                        refused = ctx.probe()  # gone because the store refuses its writes?
-                        if refused is not None:
-                            return self._give_up(joined, state, ctx.refused_message(rid, refused))
-                    if now - joined.gone_since >= grace_s:
-                        return self._give_up(
-                            joined,
-                            state,
-                            f"{ctx.p} the leader (rank {LEADER_RANK}) of round {rid} is gone:"
-                            f" its liveness key 'leader' ({keys.leader}) in {ctx.where} expired"
-                            " or was removed and it decided nothing (lease_ttl_s="
-                            f"{ctx.lease_ttl_s:g}); did rank {LEADER_RANK} die?",
-                        )
-            if not view.sleep():
-                if not joined.leader_seen:
-                    leader_state = "has not been seen alive in this round"
-                elif joined.gone_since is None:
-                    leader_state = "was alive when last seen"
-                else:
-                    leader_state = "has vanished"
+                poll.store_error = str(e)
+                result = None
+            else:
+                poll.store_error = None
+            if result is _AGAIN:
+                continue
+            if result is not None:
+                return result  # type: ignore[return-value]
+            if view.sleep():
+                continue
+            rid = joined.ann.round_id
+            if poll.store_error is not None:
                 return self._give_up(
                     joined,
                     state,
-                    f"{ctx.p} checkpoint round {rid} timed out after {ctx.timeout_s:g} s"
-                    f" waiting for the merged result from the leader (rank {LEADER_RANK}) in"
-                    f" {ctx.where}; the leader {leader_state}{joined.problem_suffix()}. It"
-                    " waits for every rank's state: is some rank missing, or the leader stuck?",
+                    f"{ctx.p} checkpoint round {rid} timed out after {ctx.timeout_s:g} s:"
+                    f" {ctx.where} could not be read ({poll.store_error})",
                 )
+            if not joined.leader_seen:
+                leader_state = "has not been seen alive in this round"
+            elif joined.gone_since is None:
+                leader_state = "was alive when last seen"
+            else:
+                leader_state = "has vanished"
+            return self._give_up(
+                joined,
+                state,
+                f"{ctx.p} checkpoint round {rid} timed out after {ctx.timeout_s:g} s"
+                f" waiting for the merged result from the leader (rank {LEADER_RANK}) in"
+                f" {ctx.where}; the leader {leader_state}{joined.problem_suffix()}. It"
+                " waits for every rank's state: is some rank missing, or the leader stuck?",
+            )
+
+    def _decision_once(
+        self, reads: Any, joined: _Joined, state: dict[str, Any], poll: _Polling
+    ) -> Any:
+        """One look at the joined round: the result, None (nothing yet) or ``_AGAIN``
+        (moved to another round: look again at once)."""
+        ctx, keys = self.ctx, self.ctx.keys
+        grace_s = ctx.lease_ttl_s / 4
+        slow_cap_s = max(SLOW_CHECK_S, grace_s)
+        ann = joined.ann
+        rid = ann.round_id
+        blob = reads.get(keys.decision(rid))
+        if blob is not None:
+            decision = read_decision(blob)
+            if decision.kind == "abort" and (decision.empty or decision.record.get("void")):
+                # The leader's notice of a round it could not announce (written, like
+                # the announcement, late), or a notice the store took only empty?
+                voiding = self._voiding_announcement(reads, rid)
+                if voiding is not None:
+                    self._move_to(reads, joined, voiding, state, _NEVER_LIVE)
+                    return _AGAIN
+            result = self._judge(joined, decision, state)
+            if result is not None:
+                ctx.log.debug(
+                    "%s round %s decided; seen at %.1f ms",
+                    ctx.p,
+                    rid,
+                    reads.deadline.elapsed_ms(),
+                )
+                return result
+        now = time.monotonic()
+        if reads.pushed or now >= poll.next_slow:
+            poll.next_slow = now + min(max(SLOW_CHECK_S, 4 * reads.interval_s), slow_cap_s)
+            leader, gen = reads.get_many([keys.leader, keys.gen])
+            holder = Holder(leader) if leader is not None else None
+            alive = holder is not None and holder.session == ann.session and not holder.gone()
+            if alive:
+                joined.leader_seen, joined.gone_since = True, None
+                joined.fresh = True  # its leader is alive: not a leftover
+            if gen == rid.encode():
+                joined.gen_seen = True
+            elif gen is None and joined.gen_seen:
+                voiding = self._voiding_announcement(reads, rid)
+                if voiding is None:
+                    return self._ended_without_decision(joined, state)
+                self._move_to(reads, joined, voiding, state, _NEVER_LIVE)
+                return _AGAIN
+            # While the generation names this round no newer one was announced: the
+            # announcement is only read when it does not.
+            cur = None
+            if gen != rid.encode():
+                cur, _ = self._read_announcement(reads.get(keys.round))
+                poll.absent_reads = poll.absent_reads + 1 if cur is None else 0
+                if poll.absent_reads >= 2:
+                    joined.fresh = True  # closed by its leader: the joined round is live
+            if cur is not None and cur.round_id != rid:
+                if cur.session != ann.session:
+                    self._move_to(reads, joined, cur, state, "was left by an earlier run")
+                    return _AGAIN
+                if rid in cur.void:
+                    self._move_to(reads, joined, cur, state, _NEVER_LIVE)
+                    return _AGAIN
+                if cur.counter > ann.counter:
+                    raise AggregationError(
+                        f"{ctx.p} the leader (rank {LEADER_RANK}) abandoned round {rid} and"
+                        f" announced round {cur.round_id} in {ctx.where}"
+                        f"{joined.problem_suffix()}; this rank's checkpoint() was not part"
+                        " of it"
+                    )
+            if not alive and joined.leader_seen:
+                now = time.monotonic()
+                if joined.gone_since is None:
+                    joined.gone_since = now
+                    refused = ctx.probe()  # gone because the store refuses its writes?
+                    if refused is not None:
+                        return self._give_up(joined, state, ctx.refused_message(rid, refused))
+                if now - joined.gone_since >= grace_s:
+                    return self._give_up(
+                        joined,
+                        state,
+                        f"{ctx.p} the leader (rank {LEADER_RANK}) of round {rid} is gone:"
+                        f" its liveness key 'leader' ({keys.leader}) in {ctx.where} expired"
+                        " or was removed and it decided nothing (lease_ttl_s="
+                        f"{ctx.lease_ttl_s:g}); did rank {LEADER_RANK} die?",
+                    )
+        return None
 
     def _judge(self, joined: _Joined, d: Decision, state: dict[str, Any]) -> dict[str, Any] | None:
         """This rank's result if ``d`` decides the joined round for it; raises on an abort
@@ -369,9 +617,28 @@ class Follower:
             if time.monotonic() >= until or not view.sleep():
                 return None
 
-    def _move_to(self, joined: _Joined, cur: Announcement, state: dict[str, Any], why: str) -> None:
+    def _move_to(
+        self,
+        view: ControlView,
+        joined: _Joined,
+        cur: Announcement,
+        state: dict[str, Any],
+        why: str,
+    ) -> None:
         """Leave the joined round (``why``: what it turned out to be) for ``cur``."""
         ctx = self.ctx
+        if cur.step != self._step:
+            # (raises if this rank is behind it)
+            ctx.log.info(
+                "%s round %s %s; round %s is not of this rank's step: %s",
+                ctx.p,
+                joined.ann.round_id,
+                why,
+                cur.round_id,
+                self._other_step(view, cur),
+            )
+            joined.join(None, fresh=False)
+            raise _Rejoin
         ctx.log.info(
             "%s round %s %s; joining round %s", ctx.p, joined.ann.round_id, why, cur.round_id
         )

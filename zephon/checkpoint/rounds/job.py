@@ -4,8 +4,8 @@ Every rank of a job must arrive at the same id on its own, before any round, so 
 from what the launcher already gave every process of the job; the first source that is set
 wins:
 
-1. ``ZEPHON_JOB_ID`` (or ``Aggregator(job_id=...)``): set it when nothing below applies,
-   or to share a store location between jobs launched by hand;
+1. ``Pipeline(job_id=...)`` (``Aggregator(job_id=...)``), else ``ZEPHON_JOB_ID``: set one
+   when nothing below applies, or to share a store location between jobs launched by hand;
 2. ``TORCHELASTIC_RUN_ID``: torchrun's ``--rdzv-id`` (ignored when it is ``none``);
 3. ``SLURM_JOB_ID`` (with ``SLURM_STEP_ID`` when set): Slurm's job, step by step;
 4. ``PMIX_NAMESPACE``: the job of an MPI launcher using PMIx (Open MPI, Slurm's PMIx);
@@ -13,9 +13,12 @@ wins:
    up if JAX is already imported): two jobs that run at the same time cannot share one;
 6. ``MASTER_ADDR:MASTER_PORT`` (torch.distributed's rendezvous), for the same reason;
 7. none of these: the id ``"default"``. Ranks of one job still agree on it, but two such
-   jobs with the same pipeline on one location are one job as far as the store can tell:
-   the second job's leader is refused while the first's liveness key is held, and their
-   followers could meet in one round. Give such jobs a ``ZEPHON_JOB_ID``.
+   jobs with the same pipeline on one location are one job as far as the store can tell.
+   They still never make a mixed state: every rank holds a liveness key for its place
+   (``c.leader``, ``m.<rank>``; see :mod:`~zephon.checkpoint.rounds.holder`), so the
+   second job's ranks whose places the first job's live processes hold are refused at
+   once with an error naming ``job_id=``, and a round merges states of one step only, so
+   lanes of two positions never meet. Give such jobs a ``job_id``.
 
 Not chosen: agreeing on an id through the store at the first round. Two jobs that start at
 once would each take the other's announcement for their own before any agreement, which is

@@ -6,6 +6,8 @@ Every key of a round sits under one prefix per (job, pipeline)::
                                            fingerprint's first 16 hex
     P c.leader                             the leader's liveness key (a lease), held
                                            from its first round until close()
+    P m.<rank>                             a follower's liveness key, likewise: one live
+                                           process per rank (see rounds.holder)
     P c.gen                                the generation: the current round id; the
                                            fence every committing write is checked against
     P c.round                              the announcement (deleted when the round closes)
@@ -84,6 +86,10 @@ class Keys:
         self.round = self.control + "round"
         self.decisions = self.control + "d."
         self.probes = self.prefix + "x."
+        self.members = self.prefix + "m."
+
+    def member(self, rank: int) -> str:
+        return f"{self.members}{rank}"
 
     def decision(self, rid: str) -> str:
         return f"{self.decisions}{rid}"
@@ -112,7 +118,10 @@ class Keys:
 
 @dataclass(frozen=True)
 class Announcement:
-    """What ``c.round`` holds: the round id and who it belongs to, and ``void``: this
+    """What ``c.round`` holds: the round id and who it belongs to; ``step``, the step of the
+    leader's state (batches delivered since the start of the data), which every rank's
+    state must be at; ``call``, the leader's count of checkpoint() calls (for messages);
+    and ``void``: this
     leader's earlier rounds whose announcement it never saw go through (the store timed
     out or failed it). The store may still apply such a write late, after the leader gave
     the round up; a follower that joined one of them joined no round of the leader's, and
@@ -124,7 +133,11 @@ class Announcement:
     world_size: int
     job_id: str
     fingerprint: str
+    step: int
+    call: int = 0
     void: tuple[str, ...] = ()
+    #: Set when the leader could not run the round (its announcement failed, say): why.
+    error: str = ""
 
     def encode(self) -> bytes:
         return encode(
@@ -136,7 +149,10 @@ class Announcement:
             leader_rank=LEADER_RANK,
             job_id=self.job_id,
             fingerprint=self.fingerprint,
+            step=self.step,
+            call=self.call,
             void=list(self.void),
+            error=self.error,
         )
 
     @classmethod
@@ -153,7 +169,10 @@ class Announcement:
                 int(rec["world_size"]),
                 str(rec["job_id"]),
                 str(rec["fingerprint"]),
+                int(rec["step"]),
+                int(rec.get("call", 0)),
                 tuple(str(r) for r in rec.get("void", ())),
+                str(rec.get("error", "")),
             )
         except (KeyError, TypeError, ValueError):
             return None

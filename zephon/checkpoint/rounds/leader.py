@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-import os
+import dataclasses
 import re
-import socket
 import threading
 import uuid
 from typing import Any
@@ -19,6 +18,7 @@ from zephon.checkpoint.rounds.checks import (
     missing_message,
 )
 from zephon.checkpoint.rounds.context import RoundContext, read_decision
+from zephon.checkpoint.rounds.holder import PlaceTakenError, holder_value, take_place
 from zephon.checkpoint.rounds.keys import (
     COMMIT,
     DIGEST_BYTES,
@@ -28,6 +28,7 @@ from zephon.checkpoint.rounds.keys import (
     Keys,
     digest,
 )
+from zephon.checkpoint.rounds.merged import with_round
 from zephon.checkpoint.rounds.stats import RoundStats, round_stats
 from zephon.checkpoint.rounds.wait import (
     LEADER_POLL_PER_RANK_S,
@@ -36,7 +37,7 @@ from zephon.checkpoint.rounds.wait import (
     PrefixFeed,
     await_written,
 )
-from zephon.checkpoint.stores.base import KeyHeldError, StaleRoundError
+from zephon.checkpoint.stores.base import StaleRoundError
 from zephon.errors import AggregationError, CheckpointError
 
 __all__ = ["Leader"]
@@ -68,7 +69,10 @@ class Leader:
         #: The last round every rank acknowledged: its states stay for the followers'
         #: shares until the next one is (see zephon.checkpoint.rounds.keys).
         self.shared: str | None = None
-        self._own = b""  # the leader's state record of the round being run
+        #: (round id, merged state, commit record) while the commit is being written: if
+        #: writing it fails, the decision key says whether it went through after all.
+        self._committing: tuple[str, dict[str, Any], bytes] | None = None
+        self._ann: Announcement | None = None  # the round being run's
         self.last: RoundStats | None = None
         #: Deleting an acknowledged round's acks (see _drop_acks_later) after round() has
         #: returned; joined before the next round and in close().
@@ -76,7 +80,7 @@ class Leader:
 
     # ------------------------------------------------------------------------- round
 
-    def round(self, state: dict[str, Any]) -> dict[str, Any]:
+    def round(self, state: dict[str, Any], step: int, call: int) -> dict[str, Any]:
         self._join_cleaner()
         ctx, n = self.ctx, self.ctx.world_size
         deadline = Deadline(ctx.timeout_s)
@@ -84,16 +88,39 @@ class Leader:
         self.counter += 1
         rid = f"{self.session}-{self.counter}"
         ann = Announcement(
-            rid, self.session, self.counter, n, ctx.job_id, ctx.fingerprint, tuple(self.void)
+            rid,
+            self.session,
+            self.counter,
+            n,
+            ctx.job_id,
+            ctx.fingerprint,
+            step=step,
+            call=call,
+            void=tuple(self.void),
         )
         self.failed = None
+        self._ann = ann
         ok = False
         try:
             try:
                 merged = self._run(rid, ann, state, deadline)
                 ok = True
             except BaseException as e:
-                self._fail(rid, e)
+                after_all = self._fail(rid, e, deadline)
+                if after_all is not None:
+                    # The commit reached the store though this leader saw an error (a store
+                    # restarting under it): the round committed, as every rank reads it.
+                    ctx.log.warning(
+                        "%s round %s committed though writing its commit raised %s: %s",
+                        ctx.p,
+                        rid,
+                        type(e).__name__,
+                        e,
+                    )
+                    self.kept.append(ctx.keys.decision(rid))
+                    self._after_commit(rid, deadline)
+                    ok = True
+                    return after_all
                 if isinstance(e, AggregationError) and not str(e).startswith(ctx.p):
                     raise AggregationError(f"{ctx.p} round {rid} failed: {e}") from e
                 if isinstance(e, AggregationError | KeyboardInterrupt | SystemExit):
@@ -105,8 +132,6 @@ class Leader:
                         f"{ctx.p} round {rid} failed in {ctx.where}: {type(e).__name__}: {e}"
                     ) from e
                 raise
-            own, self._own = self._own, b""
-            self._leave_own_state(rid, own)
             self._after_commit(rid, deadline)
             return merged
         finally:
@@ -117,7 +142,7 @@ class Leader:
     ) -> dict[str, Any]:
         ctx, keys, n = self.ctx, self.ctx.keys, self.ctx.world_size
         own = ctx.record(STATE, rid, rank=LEADER_RANK, world_size=n, state=state)
-        self._hold_liveness()
+        self._hold_liveness(deadline)
         watch = ctx.watch(keys.prefix)
         self._clear_leftover_announcement(watch)
         self.announced = rid  # from here on the keys are this leader's to publish and remove
@@ -141,9 +166,14 @@ class Leader:
             self.void = [*self.void, rid][-_VOID_KEPT:]
             self.leftovers.add(rid)  # a follower may still join it late and write there
             raise
-        ctx.log.debug("%s round %s announced (%d ranks, %s)", ctx.p, rid, n, ctx.who())
-        states, digests = self._collect(rid, state, own, deadline, watch)
-        self._own = own
+        ctx.log.debug(
+            "%s round %s announced (step %d, %d ranks, %s)", ctx.p, rid, ann.step, n, ctx.who()
+        )
+        # The leader's own state record goes beside the followers' before anything is
+        # decided: a committed round is one every rank's share can be saved from, even if
+        # the leader dies right after its commit.
+        ctx.store.put(keys.state(rid, LEADER_RANK), own)
+        states, digests = self._collect(rid, ann.step, state, own, deadline, watch)
         t_collect = deadline.elapsed_ms()
         create_and_delete = getattr(ctx.store, "create_and_delete", None)
         if not callable(create_and_delete):
@@ -154,6 +184,7 @@ class Leader:
             raise AggregationError(
                 f"{ctx.p} merging the states of round {rid} failed: {type(e).__name__}: {e}"
             ) from e
+        merged = with_round(merged, ctx, rid, ann.step)
         header, lanes_total = merged_header(ctx, rid, merged, states)
         commit = ctx.record(
             COMMIT,
@@ -163,6 +194,7 @@ class Leader:
             header=header,
             lanes_total=lanes_total,
         )
+        self._committing = (rid, merged, commit)
         if getattr(self.lease, "lost", False):
             # Followers may have declared this leader dead and given up.
             raise AggregationError(
@@ -189,6 +221,7 @@ class Leader:
                 f"{ctx.p} round {rid} was ended before this leader could commit it:"
                 f" {_by(d.record)}{ctx.why(rid, d)}"
             )
+        self._committing = None
         self.kept.append(keys.decision(rid))
         ctx.log.debug(
             "%s round %s committed at %.1f ms (states collected at %.1f ms)",
@@ -198,26 +231,6 @@ class Leader:
             t_collect,
         )
         return merged
-
-    def _leave_own_state(self, rid: str, own: bytes) -> None:
-        """Write the leader's own state record beside the followers' (after the commit, so
-        never in the way of collecting them), for the followers' shares: nobody reads it in
-        the round; a follower that saves its share, or restores lanes it does not own, does
-        (waiting for it within one round budget). Never fails the round: a share that cannot
-        find it says so when it is saved."""
-        ctx = self.ctx
-        try:
-            ctx.store.put(ctx.keys.state(rid, LEADER_RANK), own)
-        except Exception as e:  # noqa: BLE001
-            ctx.log.warning(
-                "%s round %s: could not leave the leader's state record in %s for the"
-                " followers' shares (saving a share will fail): %s: %s",
-                ctx.p,
-                rid,
-                ctx.where,
-                type(e).__name__,
-                e,
-            )
 
     def _drop_round(self, rid: str, world_size: int) -> None:
         """Delete round ``rid``'s state records and acknowledgements."""
@@ -298,14 +311,15 @@ class Leader:
 
     # ------------------------------------------------------------------------- steps
 
-    def _hold_liveness(self) -> None:
+    def _hold_liveness(self, deadline: Deadline) -> None:
         """Hold the leader's liveness key from the first round until close().
 
         Held across rounds, not per round: a follower that reaches a round the leader has
         already failed still sees the leader alive, so it trusts the failure notice it finds
         (where the announcement of a dead job's leader, whose key has expired, is ignored).
-        Taken exclusively: a live key of another session means another leader of the same
-        job id and pipeline is running on this location.
+        Taken exclusively (see :func:`~zephon.checkpoint.rounds.holder.take_place`): the key
+        of a leader of this host that is gone is taken over at once, another host's is
+        waited for until its lease lapses, and a live one is another job on this location.
         """
         ctx = self.ctx
         if self.lease is not None and not getattr(self.lease, "lost", False):
@@ -315,23 +329,17 @@ class Leader:
             with contextlib.suppress(Exception):
                 self.lease.stop()
             self.lease = None
-        value = f"{self.session} rank={ctx.rank} pid={os.getpid()} host={socket.gethostname()}"
-        try:
-            self.lease = ctx.store.keep_alive(
-                ctx.keys.leader, value.encode(), ctx.lease_ttl_s, exclusive=True
-            )
-        except KeyHeldError as e:
-            if e.value.split(b" ", 1)[0] == self.session.encode():
-                # Our own key from a lease that lapsed and could not be revoked yet.
-                self.lease = ctx.store.keep_alive(ctx.keys.leader, value.encode(), ctx.lease_ttl_s)
-                return
-            raise AggregationError(
-                f"{ctx.p} another leader holds the rounds of {ctx.who()} in {ctx.where}:"
-                f" its liveness key says {e.value.decode(errors='replace')!r}. Two jobs with"
-                " the same job id and pipeline share this location: give each job its own"
-                " ZEPHON_JOB_ID (or namespace). If that leader is gone, its key expires"
-                f" within its lease TTL (this job's is {ctx.lease_ttl_s:g} s)"
-            ) from e
+        self.lease = take_place(
+            ctx.store,
+            ctx.keys.leader,
+            holder_value(self.session, ctx.rank),
+            ctx.lease_ttl_s,
+            deadline,
+            session=self.session,
+            conflict=ctx.conflict_message("the leader's liveness key"),
+            log=ctx.log,
+            p=ctx.p,
+        )
 
     def _clear_leftover_announcement(self, watch: Any) -> None:
         """An announcement of another session is an earlier run's failed round (a job
@@ -364,6 +372,7 @@ class Leader:
     def _collect(
         self,
         rid: str,
+        step: int,
         own: dict[str, Any],
         own_blob: bytes,
         deadline: Deadline,
@@ -376,7 +385,13 @@ class Leader:
         states[LEADER_RANK] = own
         digests[LEADER_RANK] = digest(own_blob)
         missing = {r for r in range(n) if r != LEADER_RANK}
-        feed = PrefixFeed(ctx.store, watch, keys.states(rid), [keys.state(rid, r) for r in missing])
+        feed = PrefixFeed(
+            ctx.store,
+            watch,
+            keys.states(rid),
+            [keys.state(rid, r) for r in missing],
+            known=(keys.state(rid, LEADER_RANK),),
+        )
         view = ControlView(ctx.store, watch, deadline, n, LEADER_POLL_PER_RANK_S)
         gen_seen = False  # this round's generation was read back at least once
         while True:
@@ -385,7 +400,7 @@ class Leader:
                 r = Keys.rank_of(key)
                 if r is None or r not in missing:
                     continue
-                states[r] = checked_state(ctx, rid, r, key, blob, ref)
+                states[r] = checked_state(ctx, rid, r, key, blob, ref, step)
                 digests[r] = digest(blob)
                 missing.discard(r)
             if not missing:
@@ -403,33 +418,72 @@ class Leader:
         view = ControlView(ctx.store, ctx.watch(keys.prefix), deadline, n, LEADER_POLL_PER_RANK_S)
         return await_written(view, keys.acks(rid), pending)
 
-    def _fail(self, rid: str, error: BaseException) -> None:
+    def _fail(self, rid: str, error: BaseException, deadline: Deadline) -> dict[str, Any] | None:
         """Publish the failure notice (the round's decision: an abort), so followers fail
-        at once; never raises."""
+        at once; never raises. Returns the merged state if the round turns out to be
+        committed after all: this leader's commit reached the store though writing it
+        raised (the decision key is read back, waiting for a store that cannot be reached,
+        within one more ``timeout_s``)."""
         ctx, keys = self.ctx, self.ctx.keys
+        committing, self._committing = self._committing, None
         message = str(error) or type(error).__name__
         if not isinstance(error, AggregationError):
             message = f"{type(error).__name__}: {message}"
-        ctx.log.error("%s round %s failed: %s", ctx.p, rid, message)
         if self.announced != rid:
             # Never announced (its first write failed, or another leader holds the
-            # location): there is no round to end, and no key here is this leader's.
+            # location): there is no round to end. Followers waiting for it learn why from
+            # an announcement of the round as failed, if the store takes that (one that
+            # refuses every write: from this leader's liveness key vanishing, and a probe).
+            ctx.log.error("%s round %s failed: %s", ctx.p, rid, message)
+            if not isinstance(error, PlaceTakenError):
+                self._announce_failed(rid, message)
             self._drop_lease_if_refused()
-            return
+            return None
         self.failed = keys.decision(rid)
+        if isinstance(error, Decided):
+            ctx.log.error("%s round %s failed: %s", ctx.p, rid, message)
+            if keys.decision(rid) not in self.kept:
+                self.kept.append(keys.decision(rid))
+            return None  # the decision is there already
+        void = {"void": True} if rid in self.void else {}  # (see Announcement.void)
+        settle = None if committing is None else deadline.end + ctx.timeout_s
+        d = ctx.abort(rid, message, settle_until=settle, **void)
+        if void:  # its announcement failed: followers waiting for one learn of it this way
+            self._announce_failed(rid, message)
+        if (
+            committing is not None
+            and committing[0] == rid
+            and d is not None
+            and d.kind == "commit"
+            and d.record == read_decision(committing[2]).record
+        ):
+            self.failed = None
+            return committing[1]
+        ctx.log.error("%s round %s failed: %s", ctx.p, rid, message)
         if keys.decision(rid) not in self.kept:
             self.kept.append(keys.decision(rid))
-        if isinstance(error, Decided):
-            return  # the decision is there already
-        if rid in self.void:  # see Announcement.void: the notice may land late, like it
-            ctx.abort(rid, message, void=True)
-        else:
-            ctx.abort(rid, message)
         # The store refuses writes? Followers that have not seen this round learn it from
         # the leader's liveness key vanishing (deletes still work) and a probe.
         self._drop_lease_if_refused()
         # The announcement stays (until the next round replaces it, or close()): a follower
         # that had not read it yet still joins this round and then finds the notice.
+        return None
+
+    def _announce_failed(self, rid: str, message: str) -> None:
+        """Announce round ``rid`` as failed (``Announcement.error``), for followers that
+        wait for an announcement its leader could not write; where the store takes not even
+        that, an empty announcement (a full disk still takes one). Never raises."""
+        ctx = self.ctx
+        if self._ann is None or self._ann.round_id != rid:
+            return
+        failed = dataclasses.replace(self._ann, error=message[:2000])
+        for value in (failed.encode(), b""):
+            try:
+                ctx.store.put(ctx.keys.round, value)
+                self.announced = rid  # (its announcement is this leader's to remove)
+                return
+            except Exception as e:  # noqa: BLE001
+                ctx.log.debug("%s could not announce round %s failed: %s", ctx.p, rid, e)
 
     def _drop_lease_if_refused(self) -> None:
         """Give the liveness key up if the store refuses this rank's writes."""

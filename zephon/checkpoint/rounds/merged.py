@@ -13,10 +13,11 @@ from zephon.checkpoint.rounds.context import RoundContext
 from zephon.checkpoint.rounds.keys import DIGEST_BYTES, LEADER_RANK, STATE, decode, digest
 from zephon.checkpoint.rounds.wait import Deadline
 from zephon.checkpoint.share import SHARE_KEY, Share
+from zephon.checkpoint.state import ROUND
 from zephon.checkpoint.stores.base import get_many
 from zephon.errors import AggregationError, CheckpointError
 
-__all__ = ["read_merged", "share_of"]
+__all__ = ["read_merged", "share_of", "with_round"]
 
 
 def share_of(
@@ -41,9 +42,21 @@ def share_of(
     digests = rec.get("digests")
 
     def fetch() -> dict[str, Any]:
-        return read_merged(ctx, rid, digests, own)
+        merged = read_merged(ctx, rid, digests, own)
+        if ROUND in header:
+            merged[ROUND] = header[ROUND]
+        return merged
 
     return Share(out, fetch)
+
+
+def with_round(merged: Any, ctx: RoundContext, rid: str, step: int) -> Any:
+    """``merged`` (the leader's merge of round ``rid``) naming its round: its id, its step
+    and the job (``zephon.save`` says so when saving it fails; ``zephon inspect`` shows
+    it)."""
+    if isinstance(merged, dict):
+        merged[ROUND] = {"round_id": rid, "step": step, "job_id": ctx.job_id}
+    return merged
 
 
 def read_merged(ctx: RoundContext, rid: str, digests: Any, own: list[Any]) -> dict[str, Any]:

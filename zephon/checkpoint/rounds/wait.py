@@ -159,21 +159,32 @@ class PrefixFeed:
     """The values under a prefix that the leader has not seen yet, each read once: pushed
     by a watch, or found by listing the prefix (one request) and reading only new keys, or
     (stores that cannot list) by reading the keys still missing. Without ``values`` only
-    the names count: a listed key is not read (its value reads as ``b""``)."""
+    the names count: a listed key is not read (its value reads as ``b""``). Keys in
+    ``known`` (this rank's own) are never read."""
 
     def __init__(
-        self, store: Any, watch: Any, prefix: str, expected: list[str], values: bool = True
+        self,
+        store: Any,
+        watch: Any,
+        prefix: str,
+        expected: list[str],
+        values: bool = True,
+        known: tuple[str, ...] = (),
     ) -> None:
         self.store = store
         self.watch = watch
         self.prefix = prefix
         self.values = values
         self._missing = set(expected)
-        self._seen: set[str] = set()
+        self._seen: set[str] = set(known)
         self._can_list = callable(getattr(store, "list_keys", None))
         self._pushed = _healthy(watch)
         if self._pushed:  # what arrived before this feed existed is in the copy already
-            self._backlog = {k: v for k, v in watch.items().items() if k.startswith(prefix)}
+            self._backlog = {
+                k: v
+                for k, v in watch.items().items()
+                if k.startswith(prefix) and k not in self._seen
+            }
         else:
             self._backlog = {}
 
