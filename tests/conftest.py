@@ -8,11 +8,23 @@ Tests marked ``native`` compare the C extensions with their pure-Python twins, s
 the extensions. Under ``ZEPHON_PURE_PYTHON=1`` (the second pass of ``scripts/test``, which
 runs everything else on the Python twins) the extensions are off on purpose, and these tests
 are deselected rather than skipped.
+
+Nothing a test starts may outlive the run: at the end of the session (after every fixture,
+etcd servers included, has stopped what it started) a process descended from this one that
+is still alive fails the run, and is killed. The helpers that ``multiprocess`` starts once
+per process (its resource tracker, its fork server), which end with this process, are not
+counted. After each test module, a ``zephon*`` name left in ``/dev/shm`` or a Zephon
+shared-memory segment (a memfd) this process still holds fails the module's last test.
 """
 
 from __future__ import annotations
 
+import gc
 import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -42,3 +54,144 @@ def pytest_runtest_makereport(item, call):
         report.outcome = "failed"
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
         report.longrepr = f"skipped under CI=true (a required piece is missing): {reason}"
+
+
+# ------------------------------------------------------------------ nothing left behind
+SHM = Path("/dev/shm")
+#: How long processes that are on their way out get before they count as left behind.
+LEFT_GRACE_S = 5.0
+
+
+def _stat(pid: int) -> tuple[str, int] | None:
+    """``(state, parent pid)`` of ``pid`` from /proc, None once it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(b")") + 2 :].split()
+    return fields[0].decode(), int(fields[1])
+
+
+def _descendants(root: int) -> dict[int, str]:
+    """The live processes below ``root`` (zombies have exited: not counted), with their
+    command lines."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            st = _stat(int(entry.name))
+            if st is not None and st[0] != "Z":
+                parents[int(entry.name)] = st[1]
+    found: dict[int, str] = {}
+    frontier = [root]
+    while frontier:
+        pid = frontier.pop()
+        for child, parent in parents.items():
+            if parent == pid and child not in found:
+                try:
+                    cmd = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ")
+                except OSError:
+                    cmd = b"?"
+                found[child] = cmd.decode(errors="replace").strip()[:200]
+                frontier.append(child)
+    return found
+
+
+def _process_helpers() -> set[int]:
+    """The resource trackers and fork servers of ``multiprocess`` (and of the standard
+    ``multiprocessing``): started once by the first worker that needs them, they live as
+    long as this process and end with it."""
+    pids: set[int] = set()
+    for package in ("multiprocess", "multiprocessing"):
+        tracker = sys.modules.get(f"{package}.resource_tracker")
+        server = sys.modules.get(f"{package}.forkserver")
+        for owner, attr in (
+            (getattr(tracker, "_resource_tracker", None), "_pid"),
+            (getattr(server, "_forkserver", None), "_forkserver_pid"),
+        ):
+            pid = getattr(owner, attr, None)
+            if isinstance(pid, int):
+                pids.add(pid)
+    return pids
+
+
+def left_processes(grace_s: float = LEFT_GRACE_S) -> dict[int, str]:
+    """The processes this one started (at any depth) that are still alive after ``grace_s``,
+    less multiprocess's helpers (but not what a fork server started)."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        helpers = _process_helpers()
+        left = {pid: cmd for pid, cmd in _descendants(os.getpid()).items() if pid not in helpers}
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.1)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    # Runs after the last fixture's teardown: a process alive now was left by a test.
+    left = left_processes()
+    if not left:
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    lines = [f"  pid {pid} ({(_stat(pid) or ('gone',))[0]}): {cmd}" for pid, cmd in left.items()]
+    for pid in left:  # killed, so that one run's leftovers do not burden the next
+        try:
+            os.kill(pid, signal.SIGCONT)
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for pid in left:
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass  # not our child: its own parent reaps it
+    text = (
+        f"{len(left)} process(es) started by the tests outlived them (killed now); a test or "
+        "fixture must stop what it starts:\n" + "\n".join(lines)
+    )
+    if reporter is not None:
+        reporter.ensure_newline()
+        reporter.write_sep("=", "processes left behind", red=True)
+        reporter.write_line(text)
+    else:
+        print(text, file=sys.stderr)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def _shm_names() -> set[str]:
+    try:
+        return {p.name for p in SHM.iterdir() if p.name.startswith("zephon")}
+    except OSError:
+        return set()
+
+
+def _zephon_memfds() -> set[str]:
+    """This process's descriptors of Zephon's shared memory (``fd -> /memfd:zephon...``)."""
+    held = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue  # the listing's own descriptor, closed by now
+        if target.startswith("/memfd:zephon"):
+            held.add(f"{fd} -> {target}")
+    return held
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_shared_memory_left() -> Iterator[None]:
+    """After a module: no ``zephon*`` name new in /dev/shm (Zephon's segments have none: a
+    name there is a leak that outlives every process), and no Zephon segment still held by
+    this process once what the module dropped is collected (its memory lives as long as
+    this process does)."""
+    names = _shm_names()
+    memfds = _zephon_memfds()
+    yield
+    gc.collect()  # pipelines and rings only dropped close when collected
+    new_names = sorted(_shm_names() - names)
+    held = sorted(_zephon_memfds() - memfds)
+    for name in new_names:
+        (SHM / name).unlink(missing_ok=True)
+    for entry in held:
+        os.close(int(entry.split(" ", 1)[0]))
+    assert not new_names, f"the module left shared-memory names in /dev/shm: {new_names}"
+    assert not held, f"the module left Zephon shared-memory segments open: {held}"

@@ -29,6 +29,12 @@ class PipelineClosedError(ZephonError, RuntimeError):
     """The pipeline was closed: it yields nothing more (build a new one to go on)."""
 
 
+class PipelineEndedError(ZephonError, RuntimeError):
+    """A loop over a pipeline that has reached the end of its data: there is no second pass
+    (build a new pipeline, or give the work source ``num_epochs``). ``next()`` after the end
+    raises ``StopIteration``, as any iterator does."""
+
+
 class ShmError(ZephonError, OSError):
     """Shared memory could not be created, mapped or used."""
 
@@ -54,3 +60,10 @@ class LengthIndexError(ZephonError, ValueError):
 class DataStallWarning(UserWarning):
     """The training loop waits for data in ``next()`` more than 10% of its time: the loader
     is the bottleneck (the message names the knobs). Issued once per run."""
+
+
+class DroppedRecordsWarning(UserWarning):
+    """A finite pipeline ended and ``batch(drop_last=True)`` (the default) dropped the lanes'
+    last partial batches: the message says how many records, and the options that keep
+    them (``drop_last=False``, ``pad_last=True``). Issued once, at the end, and only when
+    records were dropped."""

@@ -5,12 +5,15 @@ shuffling, packing): the stream of 1, 2 and 3 workers equals the in-process one,
 interleave every sample is delivered exactly once (with ``drop_last=True``: at most once,
 only lanes' final partial batches missing), ``StopIteration`` follows the last batch at
 once and again on every later call, and a checkpoint taken three batches before the end
-restores into another worker count and yields the same tail and the same end.
+restores into another worker count and yields the same tail and the same end. The end
+says once how many records ``drop_last`` dropped (nothing when it dropped none), and a
+second loop over an ended pipeline is an error.
 """
 
 from __future__ import annotations
 
 import time
+import warnings
 from collections import Counter
 from typing import Any
 
@@ -60,10 +63,19 @@ def build(kind: str, lanes: int, drop_last: bool, output: str, workers: int) -> 
 def run(pipe: zp.Pipeline, checkpoint_at: int | None = None) -> tuple[list[Any], Any, float]:
     """Every batch to the end, the state after ``checkpoint_at`` batches, and the seconds
     from the last batch to StopIteration."""
+    batches, state, ended_s, _ = run_warned(pipe, checkpoint_at)
+    return batches, state, ended_s
+
+
+def run_warned(
+    pipe: zp.Pipeline, checkpoint_at: int | None = None
+) -> tuple[list[Any], Any, float, list[str]]:
+    """:func:`run`, and the DroppedRecordsWarnings the end gave (their messages)."""
     batches: list[Any] = []
     state = None
     last = time.monotonic()
-    with pipe:
+    with pipe, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", zp.DroppedRecordsWarning)
         while True:
             if checkpoint_at is not None and len(batches) == checkpoint_at:
                 state = loads(dumps(pipe.checkpoint()))  # as saved: msgpack + zstd
@@ -76,7 +88,11 @@ def run(pipe: zp.Pipeline, checkpoint_at: int | None = None) -> tuple[list[Any],
         for _ in range(3):  # and again on every later call
             with pytest.raises(StopIteration):
                 next(pipe)
-    return batches, state, ended_s
+        with pytest.raises(zp.PipelineEndedError, match="build a new pipeline"):
+            for _ in pipe:  # a second pass over an ended pipeline is an error, not nothing
+                pass
+    dropped = [str(w.message) for w in caught if issubclass(w.category, zp.DroppedRecordsWarning)]
+    return batches, state, ended_s, dropped
 
 
 def _length(sample: int) -> int:
@@ -115,9 +131,12 @@ def same(a: list[Any], b: list[Any]) -> bool:
 def test_the_end_of_a_finite_stream_is_the_same_with_any_worker_count(
     lanes: int, drop_last: bool, output: str, kind: str
 ) -> None:
-    expected, _, _ = run(build(kind, lanes, drop_last, output, 0))
+    expected, _, _, warned = run_warned(build(kind, lanes, drop_last, output, 0))
     assert expected
     at = max(0, len(expected) - 3)
+    if not drop_last:
+        assert not warned, "nothing was dropped, yet the end warned"
+    assert len(warned) <= 1, f"the end warned more than once: {warned}"
     if output == "interleave":
         seen = samples_of(kind, expected)
         want = {i: _length(i) if kind == "pack" else 1 for i in range(N_SAMPLES)}
@@ -128,6 +147,12 @@ def test_the_end_of_a_finite_stream_is_the_same_with_any_worker_count(
             assert short == 0, "samples lost at the end"
         else:  # only the lanes' final partial batches
             assert short < lanes * BATCH * (8 if kind == "pack" else 1)
+            # ... and the end says how many (records: a packed row holds several samples)
+            if kind != "pack":
+                said = f"dropped {short} record{'s' if short != 1 else ''}: "
+                assert bool(short) == bool(warned), (short, warned)
+                assert not warned or said in warned[0], (said, warned)
+                assert not warned or "drop_last=False" in warned[0] and "pad_last=True" in warned[0]
     for workers in (0, 1, 2, 3):
         where = f"{lanes} lanes, {workers} workers"
         got, state, ended_s = run(build(kind, lanes, drop_last, output, workers), at)

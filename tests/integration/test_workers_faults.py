@@ -29,6 +29,7 @@ import pytest
 
 import zephon as zp
 from tests.integration.corpus import lm_pipeline
+from zephon.runners.chain import WHERE
 from zephon.runners.processes import AUTO_FIRST_SLOT_BYTES
 
 pytestmark = [pytest.mark.processes, pytest.mark.faults]
@@ -293,6 +294,43 @@ def boom(x):
     return x
 
 
+def lookup(x):
+    if x == 42:
+        return {"x": x}["tokens"]
+    return rows(x)
+
+
+def test_a_workers_key_error_is_a_key_error_naming_the_worker_lane_and_sample():
+    # KeyError's str() quotes its argument: the message and traceback used to arrive on one
+    # line, with literal "\n" in it.
+    with small(lookup, workers=0) as pipe:
+        local, _ = drain_until_error(pipe, 5)
+    assert type(local) is KeyError, repr(local)
+    where = getattr(local, WHERE)  # in process: the same place, as a note
+    lane = re.search(r" on lane (\d+), ", where)
+    assert lane and "at sample SamplePointer(component=0, index=42)" in where, where
+    with small(lookup) as pipe:
+        err, elapsed = drain_until_error(pipe, 5)
+        workers = {w["id"]: w for w in pipe.stats()["workers"]}
+    assert isinstance(err, KeyError) and isinstance(err, zp.WorkerError), type(err).__mro__
+    with pytest.raises(KeyError):
+        raise err
+    msg = str(err)
+    assert "\\n" not in msg, msg
+    lines = msg.splitlines()
+    assert lines[0] == "'tokens'", lines
+    found = re.fullmatch(
+        r"\[worker (\d+) \(pid (\d+)\) raised KeyError in (.*); its traceback:\]", lines[2]
+    )
+    assert found, lines[2]
+    worker = workers[int(found[1])]
+    assert worker["pid"] == int(found[2]) and int(lane[1]) in worker["lanes"]
+    assert found[3] == where, (found[3], where)
+    assert lines[3] == "Traceback (most recent call last):" and lines[-1] == "KeyError: 'tokens'"
+    assert '    return {"x": x}["tokens"]' in lines, lines
+    assert elapsed < 5
+
+
 def test_user_exception_keeps_its_type_message_traceback_and_worker_id():
     pipe = small(boom, rows)
     with pipe:
@@ -340,29 +378,60 @@ def test_sys_exit_in_a_worker_reports_its_exit_code():
     assert not [p for p in pids if _alive(p)]
 
 
+#: The most worker_timeout_s a timing test doubles its first (short) one to on a busy machine.
+MOST_TIMEOUT_S = 32
+
+
+def running_pipeline(first_timeout_s: float, **kw) -> tuple[zp.Pipeline, float]:
+    """An endless ``lm_pipeline`` whose workers run (three batches delivered) under the
+    shortest ``worker_timeout_s`` from ``first_timeout_s`` on, doubled until they start
+    within it: on a loaded machine a spawned worker may take longer than a short timeout
+    to import and produce its first batch, which the watchdog rightly reports. Returns it
+    and the timeout it runs under."""
+    timeout_s = first_timeout_s
+    while True:
+        pipe = lm_pipeline(num_epochs=None, worker_timeout_s=timeout_s, **kw)
+        try:
+            for _ in range(3):
+                next(pipe)
+            return pipe, timeout_s
+        except zp.WorkerError:
+            pipe.close()
+            if timeout_s * 2 > MOST_TIMEOUT_S:
+                raise
+            timeout_s *= 2
+
+
 def test_a_stopped_worker_trips_the_watchdog_and_close_still_cleans_up():
-    pipe = lm_pipeline(seed=4, workers=2, num_epochs=None, worker_timeout_s=2)
+    workers: list[dict] = []
+    pipe = None
     try:
-        for _ in range(3):
-            next(pipe)
+        pipe, timeout_s = running_pipeline(2, seed=4, workers=2)
         workers = pipe.stats()["workers"]
         victim = workers[0]
         os.kill(victim["pid"], signal.SIGSTOP)
-        err, elapsed = drain_until_error(pipe, 2)
+        err, elapsed = drain_until_error(pipe, timeout_s)
         assert isinstance(err, zp.WorkerError), repr(err)
         msg = str(err)
         assert f"worker {victim['id']} (pid {victim['pid']}" in msg, msg
-        assert "worker_timeout_s=2" in msg and "stopped" in msg, msg
-        assert 2 <= elapsed < 5, elapsed
+        # it reached its loop, then stopped answering: hung, not "never reached its loop"
+        assert f"worker_timeout_s={timeout_s:g}" in msg and "stopped" in msg, msg
+        assert "produced nothing" in msg and "never reached" not in msg, msg
+        # the watchdog waits out the timeout, then tells within a few polls (the margin is
+        # for a busy machine: the timing under test is the timeout, not the machine's speed)
+        assert timeout_s <= elapsed < 2 * timeout_s + 5, (elapsed, timeout_s)
         t0 = time.monotonic()
         pipe.close()
-        assert time.monotonic() - t0 < 3
+        assert time.monotonic() - t0 < 10, "close() waits on a stopped worker"
         assert not [w["pid"] for w in workers if _alive(w["pid"])]
     finally:
-        for w in workers:
-            if _alive(w["pid"]):
-                os.kill(w["pid"], signal.SIGKILL)
-        pipe.close()
+        try:
+            if pipe is not None:
+                pipe.close()
+        finally:
+            for w in workers:
+                if _alive(w["pid"]):
+                    os.kill(w["pid"], signal.SIGKILL)
 
 
 def test_workers_exit_when_the_parent_is_killed(leaks):
@@ -569,6 +638,63 @@ def test_a_worker_dying_while_it_starts_is_an_error_naming_the_main_guard(tmp_pa
         assert "before it read its configuration" in last
     assert "worker_start_method='spawn'" in last
     assert "under `if __name__ == '__main__':`" in last
+
+
+BLOCKING_MAIN = """
+import fcntl
+import zephon as zp
+# One run at a time: the script holds a lock while it runs. Without a main guard, each
+# spawned worker imports the script again and waits for that lock forever.
+lock = open("run.lock", "w")
+fcntl.flock(lock, fcntl.LOCK_EX)
+docs = [f"document {i} " * REPEAT for i in range(300)]
+src = zp.StaticMixtureWorkSource([zp.ArraySource(docs)], seed=0, chunk_size=16)
+pipe = (zp.Pipeline(src, canonical_replicas=2, workers=2, worker_timeout_s=TIMEOUT).fetch()
+        .tokenize(zp.ByteTokenizer()).split(max_len=128).pack(seq_len=128, num_bins=4).batch(4))
+with pipe:
+    for batch in pipe:
+        pass
+"""
+
+
+# About 600 KB of documents (the parent blocks writing the configuration the worker never
+# reads: the start-up watchdog), or 4 KB (the pipe takes it whole: the watchdog in next()).
+@pytest.mark.parametrize("repeat", [200, 1])
+def test_a_worker_whose_main_module_blocks_is_an_error_naming_the_main_guard(
+    tmp_path, leaks, repeat
+):
+    timeout_s = 3
+    script = tmp_path / "blocks.py"
+    script.write_text(
+        BLOCKING_MAIN.replace("REPEAT", str(repeat)).replace("TIMEOUT", str(timeout_s))
+    )
+    t0 = time.monotonic()
+    proc = subprocess.Popen(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    leaks.add(proc.pid)
+    try:
+        _, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        kill_group(proc)
+        pytest.fail("the parent hung on a worker that never reached its loop")
+    elapsed = time.monotonic() - t0
+    assert proc.returncode == 1, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("zephon.errors.WorkerError: worker 0 (pid "), last
+    assert f"never reached its loop within worker_timeout_s={timeout_s} s" in last, last
+    assert "it is still importing your main module" in last, last
+    assert "worker_start_method='spawn'" in last
+    assert "under `if __name__ == '__main__':`" in last
+    assert "hung" not in last
+    assert elapsed >= timeout_s
+    assert not _wait_session_gone(proc.pid, 5), "its workers outlived it"
 
 
 @pytest.mark.parametrize("fail_at", [0, 1])

@@ -22,6 +22,7 @@ def test_workers_give_the_same_batches_as_in_process(reference, workers):
         assert_same_batches(reference, take(p))
 
 
+@pytest.mark.filterwarnings("ignore::zephon.errors.DroppedRecordsWarning")  # runs to the end
 def test_zero_copy_views_are_valid_until_the_next_call(reference):
     got = []
     with lm_pipeline(seed=21, workers=2, zero_copy=True, prefetch=3) as p:

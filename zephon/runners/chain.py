@@ -20,11 +20,12 @@ counted at delivery: the same whichever process ran the lane and however far ahe
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from zephon.chunks import WorkChunk
+from zephon.chunks import SamplePointer, WorkChunk
 from zephon.compile import Plan
 from zephon.errors import ContractViolation
 from zephon.operators.base import Operator, OpStats
@@ -38,12 +39,15 @@ if TYPE_CHECKING:
 
 class LaneCounts(NamedTuple):
     """One lane's operator counters at one moment: ``(records_in, records_out, seconds)``
-    per operator of the chain, how many records the replay filter dropped, and how many
-    reads the fetch operator retried after transient I/O failures."""
+    per operator of the chain, how many records the replay filter dropped, how many
+    reads the fetch operator retried after transient I/O failures, and how many records
+    ``batch`` dropped at the lane's end."""
 
     ops: list[tuple[int, int, float]]
     replay_dropped: int
     io_retries: int = 0
+    #: records ``batch(drop_last=True)`` dropped at the lane's end (its last partial batch)
+    dropped_at_end: int = 0
 
 
 class LaneOutput:
@@ -73,6 +77,15 @@ class LaneOutput:
     def __repr__(self) -> str:
         return f"LaneOutput(lane={self.lane}, record={self.record!r}, tombstones={len(self.tombstones)}, end={self.end})"
 
+
+#: The attribute :meth:`ChainRunner` sets on an exception an operator raised: where in the
+#: stream it happened, in words (also added as a note: Python prints it under the error).
+WHERE = "_zephon_where"
+
+#: Chunks a runner remembers (by lane and id) to name the sample behind a failing record.
+#: A record may come out of a shuffle or pack buffer many chunks after its own was read;
+#: an older one is named by its cursor only.
+REMEMBERED_CHUNKS = 4096
 
 #: How many samples :meth:`ChainRunner.feed` runs first while a lane's output is awaited
 #: (about the pieces of a few packed rows); each further step runs twice as many.
@@ -108,6 +121,10 @@ class ChainRunner:
         self._unused = OpStats()  # what a self-counting step's place in the chain counts
         self._tombs: dict[int, list[Contributor]] = {}
         self._rest: dict[int, list[_Segment]] = {}  # see feed(first=True)
+        #: Recent chunks by (lane, chunk id), to name the sample of a record that fails.
+        self._chunks: OrderedDict[tuple[int, int], WorkChunk] = OrderedDict()
+        #: ``batch``'s records dropped at a lane's end (``drop_last``), for the end warning.
+        self._droppers: list[Any] = [op for op in self.ops if hasattr(op, "dropped_at_end")]
 
     def _select(self, lane: int) -> None:
         """Points the counters (``stats``, the self-counting stages') at ``lane``'s."""
@@ -124,7 +141,8 @@ class ChainRunner:
         dropped = self.replay_filter.dropped.get(lane, 0)  # type: ignore[attr-defined]
         retried = sum(op.io_retries.get(lane, 0) for op in self._fetches)
         ops = [(s.records_in, s.records_out, s.seconds) for s in stats]
-        return LaneCounts(ops, dropped, retried)
+        at_end = sum(op.dropped_at_end.get(lane, 0) for op in self._droppers)
+        return LaneCounts(ops, dropped, retried, at_end)
 
     def feed(
         self, items: Sequence[WorkChunk | FlushSentinel], first: bool = False
@@ -178,9 +196,19 @@ class ChainRunner:
                     if rest is not None:
                         segments.insert(0, (start, rest))
                         step *= 2
-                    made = self._takes_samples.process_samples(
-                        items.chunk, items.comps, items.samples, lo, hi
-                    )
+                    try:
+                        made = self._takes_samples.process_samples(
+                            items.chunk, items.comps, items.samples, lo, hi
+                        )
+                    except Exception as e:
+                        what = self.steps[start - self.head.start].name
+                        c = items.chunk
+                        _annotate(
+                            e,
+                            f"{what} on lane {c.lane}, at one of the samples at offsets "
+                            f"{lo}..{hi - 1} of chunk {c.chunk_id}",
+                        )
+                        raise
                     produced.extend(self._push(made, start + 1))
                     if first and segments and any(type(it) is not Tombstone for it in produced):
                         self._rest[lane] = segments
@@ -213,7 +241,16 @@ class ChainRunner:
     def _read(self, chunk: WorkChunk) -> ChunkRecords:
         """The head's records of ``chunk``; what the head read counts as its fetch's."""
         t0 = time.perf_counter()
-        records = self.head.read(chunk)
+        chunks = self._chunks
+        chunks[(chunk.lane, chunk.chunk_id)] = chunk
+        if len(chunks) > REMEMBERED_CHUNKS:
+            chunks.popitem(last=False)
+        try:
+            records = self.head.read(chunk)
+        except Exception as e:
+            name = "fetch" if self.head.fetch is not None else "the head"
+            _annotate(e, f"{name}, reading chunk {chunk.chunk_id} of lane {chunk.lane}")
+            raise
         if self.head.fetch is not None:
             st = self.stats[0]
             st.records_in += len(chunk)
@@ -236,23 +273,31 @@ class ChainRunner:
             n_in = n_sentinels = n_tombs = 0
             nxt: list[Any] = []
             run: list[Record] = []
-            for it in items:
-                kind = type(it)
-                if kind is Tombstone:
-                    out.append(it)
-                    n_tombs += 1
-                elif kind is FlushSentinel:
-                    if run:
-                        nxt.extend(self._run(op, run))
-                        run = []
-                    nxt.extend(self._sentinel(op, it))
-                    nxt.append(it)
-                    n_sentinels += 1
-                else:
-                    n_in += 1
-                    run.append(it)
-            if run:
-                nxt.extend(self._run(op, run))
+            sentinel: FlushSentinel | None = None
+            try:
+                for it in items:
+                    kind = type(it)
+                    if kind is Tombstone:
+                        out.append(it)
+                        n_tombs += 1
+                    elif kind is FlushSentinel:
+                        if run:
+                            nxt.extend(self._run(op, run))
+                            run = []
+                        sentinel = it
+                        nxt.extend(self._sentinel(op, it))
+                        sentinel = None
+                        nxt.append(it)
+                        n_sentinels += 1
+                    else:
+                        n_in += 1
+                        run.append(it)
+                if run:
+                    nxt.extend(self._run(op, run))
+            except Exception as e:
+                if not isinstance(e, ContractViolation):  # that one says where already
+                    _annotate(e, self._where(step, e, run, sentinel))
+                raise
             st.records_in += n_in
             st.seconds += time.perf_counter() - t0
             if made is not None:
@@ -268,6 +313,36 @@ class ChainRunner:
             elif kind is not FlushSentinel:
                 out.append(it)
         return out
+
+    def _where(
+        self, step: Any, e: BaseException, run: list[Record], sentinel: FlushSentinel | None
+    ) -> str:
+        """Where ``step`` raised ``e``: its operator, the lane and the sample of the record
+        it was working on (found among the locals of the traceback's frames: the runner
+        gives an operator a run of records at once), or the flush it was doing."""
+        what = repr(step.run) if len(step.ops) == 1 else step.name
+        if sentinel is not None:
+            at = "the end of the lane" if sentinel.final else f"chunk {sentinel.boundary}"
+            return f"{what} on lane {sentinel.lane}, flushing at the boundary before {at}"
+        rec = _failing_record(e, run)
+        if rec is None:
+            if not run:
+                return what
+            first, last = run[0].cursor, run[-1].cursor
+            return (
+                f"{what} on lane {first.lane}, at one of the records from cursor "
+                f"{tuple(first)} to {tuple(last)}"
+            )
+        cur = rec.cursor
+        chunk = self._chunks.get((cur.lane, cur.chunk_id))
+        sample = "a sample"
+        if chunk is not None and 0 <= cur.offset < len(chunk):
+            comp, index = chunk.components[cur.offset], chunk.indices[cur.offset]
+            sample = f"sample {SamplePointer(int(comp), int(index))}"
+        return (
+            f"{what} on lane {cur.lane}, at {sample} (record cursor: chunk "
+            f"{cur.chunk_id}, offset {cur.offset}, child {cur.child})"
+        )
 
     def _run(self, op: Any, records: list[Record]) -> list[Any]:
         """A run of records through ``op``, in order; a stateless operator that asks for
@@ -292,3 +367,34 @@ class ChainRunner:
                 "and reset the lane's state"
             )
         return flushed
+
+
+def _failing_record(e: BaseException, records: list[Record]) -> Record | None:
+    """The record of ``records`` that the innermost frame of ``e``'s traceback holding one
+    of them was working on (an operator's ``for r in records`` loop, its ``process(record)``),
+    or None. Only read on the way out of a failure."""
+    if not records:
+        return None
+    if len(records) == 1:
+        return records[0]
+    ids = {id(r) for r in records}
+    found = None
+    tb = e.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename != __file__:  # the runner's own loops hold them all
+            for value in tb.tb_frame.f_locals.values():
+                if id(value) in ids:
+                    found = value
+        tb = tb.tb_next
+    return found
+
+
+def _annotate(e: BaseException, where: str) -> None:
+    """Says on ``e`` where in the stream it was raised (once: the innermost place wins)."""
+    if getattr(e, WHERE, None) is not None:
+        return
+    try:
+        setattr(e, WHERE, where)
+    except AttributeError:
+        return  # an exception that refuses attributes (a frozen dataclass): as it is
+    e.add_note(f"[zephon] raised in {where}")

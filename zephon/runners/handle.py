@@ -23,6 +23,7 @@ class WorkerHandle:
         "last_seen",
         "lock",
         "configured",
+        "booted",
         "ready",
         "next_rings",
         "retired",
@@ -37,6 +38,7 @@ class WorkerHandle:
         self.proc: Any = None  # set by the keeper thread once the process started
         self.configured = False  # the keeper has sent the worker its configuration
         self.last_seen = time.monotonic()
+        self.booted = False  # the worker said it is past its start method's imports
         self.ready = False  # the worker said it runs: it got its configuration and ring
         self.lock = threading.Lock()  # conn sends: the feeder thread, and close()
 

@@ -11,9 +11,13 @@ reference); on the data path nothing is pickled (:mod:`zephon.runners.wire`).
 Faults (:mod:`zephon.runners.faults`): a worker that dies, exits, hangs or raises becomes a
 :class:`WorkerError` in the parent's ``next()`` within seconds (a raised builtin exception
 keeps its type: the parent raises a class that is both, e.g. ``ValueError`` and
-``WorkerError``). Workers die with the parent: ``PR_SET_PDEATHSIG`` fires when the *thread*
-that forked a child ends, so the workers are started from a keeper thread that lives until
-``close()``, and control-pipe EOF stops a worker waiting for work. Rings and the shared
+``WorkerError``). A worker says when it is past its start method's imports (``booted``) and
+when it reached its loop (``ready``): silent for ``worker_timeout_s`` before that, it is
+reported as never having reached its loop (with spawn, most often a script whose top level
+blocks without a main guard), after it as hung. Workers die with the parent:
+``PR_SET_PDEATHSIG`` fires when the *thread* that forked a child ends, so the workers are
+started from a keeper thread that lives until ``close()``, and control-pipe EOF stops a
+worker waiting for work. Rings and the shared
 datasets are anonymous memfds handed to each worker over its control pipe: no kill of any
 process can leave a segment behind.
 """
@@ -109,6 +113,8 @@ class ProcessExecutor:
         self._spawned = threading.Event()  # ... and handed each its configuration (or failed)
         self._release = threading.Event()  # close() is done with the workers: the keeper may end
         self._spawn_error: BaseException | None = None
+        #: The worker the keeper is handing its configuration to, and since when.
+        self._handing: tuple[WorkerHandle, float] | None = None
         self._engine_stop: threading.Event | None = None
         self._closed = False
         self._pull: Callable[[int], list[Any]] | None = None
@@ -175,7 +181,7 @@ class ProcessExecutor:
             )
             self._keeper.start()
             while not self._spawned.wait(_POLL_S):
-                pass
+                self._check_hand_over()
             if self._spawn_error is not None:
                 raise self._spawn_error
         except BaseException:
@@ -232,7 +238,9 @@ class ProcessExecutor:
             for h, cfg in started:
                 if self._closed:
                     break
+                self._handing = (h, time.monotonic())
                 self._hand_over(h, shipment.payload, cfg)
+            self._handing = None
         except BaseException as e:  # noqa: BLE001 - re-raised by start()
             self._spawn_error = e
         finally:
@@ -259,6 +267,20 @@ class ProcessExecutor:
                 if self._closed:
                     return
         raise self._startup_death(h)
+
+    def _check_hand_over(self) -> None:
+        """The start-up watchdog: a configuration that a worker has not taken within
+        ``worker_timeout_s`` means it never began to read it. It reads it all before
+        anything else, so it has not reached Zephon's code: it is still importing (with
+        spawn, the parent's main module)."""
+        handing = self._handing
+        if handing is None:
+            return
+        h, since = handing
+        if time.monotonic() - since > self.worker_timeout_s and h.proc.is_alive():
+            raise faults.never_reached_loop(
+                h.id, h.pid, h.lanes, self.worker_timeout_s, self.start_method, booted=False
+            )
 
     def _startup_death(self, h: WorkerHandle) -> WorkerError:
         h.proc.join(timeout=5)
@@ -309,6 +331,8 @@ class ProcessExecutor:
                         return
                 elif kind == wire.READY:
                     h.ready = True
+                elif kind == wire.BOOTED:
+                    h.booted = True
                 elif kind == wire.ERROR:
                     self._fail(faults.rebuild_error(h.id, h.proc.pid, msg))
                     return
@@ -340,6 +364,8 @@ class ProcessExecutor:
                     msg = wire.unpack(h.conn.recv_bytes())
                     if msg[wire.KIND] == wire.READY:
                         h.ready = True
+                    elif msg[wire.KIND] == wire.BOOTED:
+                        h.booted = True
                     elif msg[wire.KIND] == wire.ERROR:
                         err = faults.rebuild_error(h.id, h.proc.pid, msg)
                         return err if isinstance(err, WorkerError) else WorkerError(str(err))
@@ -398,7 +424,15 @@ class ProcessExecutor:
                     feeder_alive = self._feeder is not None and self._feeder.is_alive()
                     self._fail(self._death(h, read_pipe=not feeder_alive))
             elif now - waited_since > self.worker_timeout_s:
-                self._fail(faults.hung(h.id, h.pid, h.lanes, self.worker_timeout_s))
+                # A worker that never said it reached its loop is not hung: it is still
+                # starting (most often importing a main module whose top level blocks).
+                self._fail(
+                    faults.hung(h.id, h.pid, h.lanes, self.worker_timeout_s)
+                    if h.ready
+                    else faults.never_reached_loop(
+                        h.id, h.pid, h.lanes, self.worker_timeout_s, self.start_method, h.booted
+                    )
+                )
         if meta[wire.LANE] != lane:
             raise WorkerError(
                 f"worker {h.id} sent lane {meta[wire.LANE]} when lane {lane} was due; this is a "

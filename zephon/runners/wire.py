@@ -1,8 +1,9 @@
 """What passes between a worker and the parent: one schema, named fields, msgpack.
 
 Two channels. The control pipe carries small messages (``kind`` first): a worker asks for a
-lane's next feed unit (``need``), the parent answers (``feed``), the worker says it runs
-(``ready``) or what it raised (``error``), the parent says ``stop``. With slots sized from
+lane's next feed unit (``need``), the parent answers (``feed``), the worker says it is
+past its start method's imports (``booted``: with spawn, the main module's), that it
+reached its loop (``ready``) or what it raised (``error``), the parent says ``stop``. With slots sized from
 the batches (``ring_slot_bytes=None``) a worker whose output does not fit asks for a bigger
 ring (``grow``); the parent answers ``ring`` followed by the new ring's descriptor, and the
 worker writes a ``moved`` marker as the old ring's last message. The ring carries the
@@ -26,6 +27,7 @@ from zephon.runners.chain import LaneCounts, LaneOutput
 KIND = "kind"
 NEED = "need"
 FEED = "feed"
+BOOTED = "booted"  # worker -> parent: it runs Zephon's code (its start method's imports done)
 READY = "ready"
 ERROR = "error"
 STOP = "stop"
@@ -103,7 +105,8 @@ def output_meta(out: LaneOutput, data: Any) -> tuple[dict[str, Any], list[np.nda
     the record's data, already built; None at the end of a lane)."""
     meta: dict[str, Any] = {LANE: out.lane, TOMBSTONES: flat(out.tombstones)}
     if out.counts is not None:
-        meta[COUNTS] = [list(out.counts.ops), out.counts.replay_dropped, out.counts.io_retries]
+        c = out.counts
+        meta[COUNTS] = [list(c.ops), c.replay_dropped, c.io_retries, c.dropped_at_end]
     rec = out.record
     if out.end or rec is None:
         meta[END] = True
@@ -130,7 +133,7 @@ def decode_output(meta: dict[str, Any], arrays: list[np.ndarray]) -> LaneOutput:
     counts = meta.get(COUNTS)
     if counts is not None:
         ops = [tuple(c) for c in counts[0]]
-        counts = LaneCounts(ops, int(counts[1]), int(counts[2]))  # type: ignore[arg-type]
+        counts = LaneCounts(ops, int(counts[1]), int(counts[2]), int(counts[3]))  # type: ignore[arg-type]
     if meta.get(END):
         return LaneOutput(lane, None, tombs, end=True, counts=counts)
     keys = meta.get(KEYS)

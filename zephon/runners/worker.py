@@ -275,8 +275,9 @@ def _report(conn: Any, e: BaseException, **extra: Any) -> None:
 def worker_main(conn: Any, parent_pid: int, via_forkserver: bool) -> None:
     """Entry point of a worker process.
 
-    Its first three messages on ``conn`` are its configuration: the descriptors of its ring
-    and of the shared datasets, the operators, then the rest (see ``ProcessExecutor._keep``).
+    It says ``booted`` first, then reads its configuration, the first three messages on
+    ``conn``: the descriptors of its ring and of the shared datasets, the operators, then the
+    rest (see ``ProcessExecutor._keep_workers``); it says ``ready`` once it has built its loop.
     The only clean ends are the parent's ``stop`` message, the parent closing the control
     pipe or the ring (both happen in ``close()``), or the parent's death. Anything else,
     including a user function calling ``sys.exit``, is reported to the parent. Workers
@@ -286,6 +287,12 @@ def worker_main(conn: Any, parent_pid: int, via_forkserver: bool) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _die_with_parent(parent_pid, via_forkserver)
+    try:
+        # Past the start method's imports (with spawn, the parent's main module): from here a
+        # worker the watchdog finds silent is loading its configuration, not importing.
+        conn.send_bytes(wire.pack({wire.KIND: wire.BOOTED}))
+    except OSError:
+        return  # the parent is gone
     import dill
 
     from zephon.runners.shipping import load_operators

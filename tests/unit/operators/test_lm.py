@@ -361,6 +361,8 @@ def _rows_per_lane(pipe: zp.Pipeline, steps: int | None = None) -> dict[int, lis
     return out
 
 
+# batch(3) and batch(4) drop lanes' tails on purpose (the comparison leaves them out).
+@pytest.mark.filterwarnings("ignore::zephon.errors.DroppedRecordsWarning")
 def test_restore_into_another_batch_size_continues_the_record_stream() -> None:
     with _lm(pad_last=False, batch=4) as p:
         ref = _rows_per_lane(p)
