@@ -193,7 +193,8 @@ class ChainBuilder:
           # [0, 1, ...])
 
         Args:
-          seq_len: tokens per row.
+          seq_len: tokens per row (at most ``2**31 - 1``: positions and segment ids are
+            int32).
           num_bins: open rows (first and best fit; default 8; concat-then-split has one).
           features: the per-token features packed with their own segment ids and positions
             (all of one length in a piece).
@@ -329,7 +330,8 @@ class ChainBuilder:
         """Stack ``batch_size`` records of one lane into numpy arrays.
 
         Args:
-            batch_size: records per lane batch (``output="lockstep"``: per lane of a step).
+            batch_size: records per lane batch (``output="lockstep"``: per lane of a step),
+                at most ``2**24`` (a lane's records wait in memory until its batch is full).
             drop_last: drop a lane's last partial batch (False: deliver it short).
             pad_last: pad a lane's last partial batch to ``batch_size`` with padding rows
                 and add a boolean ``batch_mask`` feature (True on real rows) to every batch,

@@ -249,9 +249,22 @@ def check_fingerprint(
             f"parameters), or the checkpoint's {FINGERPRINT_PARTS!r} was edited"
         )
     content = any("content identity" in d for d in differences)
+    ensure = [i for i, op in enumerate(pipe._compiled().ops) if isinstance(op, EnsureMixture)]
+    mixture_only = all(
+        is_mixture_part(k, ensure)
+        for k in set(saved_parts) | set(parts)
+        if saved_parts.get(k) != parts.get(k)
+    )
     raise CheckpointError(
-        f"{head}: {'; '.join(differences)}. Restore into the pipeline (and datasets) that "
-        "made the checkpoint"
+        f"{head}: {'; '.join(differences)}. "
+        + (
+            "Only the mixture differs (its datasets or weights): if you changed it on "
+            "purpose, restore with pipe.restore(state, allow_mixture_change=True) (kept "
+            "datasets go on where they stopped, new ones start at their beginning); "
+            "otherwise restore into the pipeline (and datasets) that made the checkpoint"
+            if mixture_only
+            else "Restore into the pipeline (and datasets) that made the checkpoint"
+        )
         + (
             "; a content identity differs when a dataset holds other data (another file, "
             "or the same one edited)"

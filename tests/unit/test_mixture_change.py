@@ -264,6 +264,25 @@ def test_only_the_mixture_may_change() -> None:
             p.restore(state)
 
 
+def test_a_changed_mixture_restored_without_the_flag_names_the_flag() -> None:
+    _, state = checkpoint_after({"a": 1.0, "b": 1.0}, 4)
+    with build({"a": 1.0, "b": 1.0, "c": 1.0}) as p:  # a component added
+        with pytest.raises(
+            CheckpointError,
+            match=r"the checkpoint has 2 components \('a', 'b'\), this pipeline has 3 \('a', 'b', "
+            r"'c'\).*\. Only the mixture differs \(its datasets or weights\): if you changed it "
+            r"on purpose, restore with pipe\.restore\(state, allow_mixture_change=True\)",
+        ):
+            p.restore(state)
+    with build({"a": 1.0, "b": 1.0}, seed=8) as p:  # not the mixture: no word of the flag
+        with pytest.raises(CheckpointError) as e:
+            p.restore(state)
+        assert "allow_mixture_change" not in str(e.value)
+        assert str(e.value).endswith(
+            "Restore into the pipeline (and datasets) that made the checkpoint"
+        )
+
+
 def test_ensure_mixture_needs_the_kept_datasets_in_their_order() -> None:
     _, state = checkpoint_after({"a": 1.0, "b": 1.0}, 4)
     with build({"b": 1.0, "a": 1.0}) as p:

@@ -164,6 +164,31 @@ def test_bad_canonical_replicas(bad) -> None:
         zp.Pipeline(source(), canonical_replicas=bad)
 
 
+def test_limits_that_would_hang_or_overflow_are_refused_at_construction() -> None:
+    from zephon.options import MAX_CANONICAL_REPLICAS, MAX_RING_SLOT_BYTES, MAX_RING_SLOTS
+
+    assert (MAX_CANONICAL_REPLICAS, MAX_RING_SLOT_BYTES, MAX_RING_SLOTS) == (2**20, 2**40, 2**16)
+    with pytest.raises(
+        ValueError,
+        match=r"canonical_replicas must be at most 1048576 \(2\*\*20 lanes: .*\); got "
+        r"canonical_replicas=10000000: use fewer lanes, a multiple of every data-parallel size",
+    ):
+        zp.Pipeline(source(), canonical_replicas=10**7)  # once: minutes before the first batch
+    with pytest.raises(
+        ValueError,
+        match=r"ring_slot_bytes must be at most 1099511627776 \(2\*\*40, 1 TiB a slot: the C "
+        r"ring's size, slots x slot bytes, must fit in 64 bits\); got "
+        r"ring_slot_bytes=4611686018427387904: give the bytes of your largest batch, or leave "
+        r"it None",
+    ):
+        zp.Pipeline(source(), workers=1, ring_slot_bytes=2**62)  # once: a ring of 0 bytes
+    with pytest.raises(
+        ValueError, match=r"ring_slots must be at most 65536 .*; got ring_slots=8589934592"
+    ):
+        zp.Pipeline(source(), workers=1, ring_slots=2**33)
+    zp.Pipeline(source(), canonical_replicas=2**20, ring_slot_bytes=2**40, ring_slots=2**16)
+
+
 def test_bad_rank() -> None:
     with pytest.raises(ValueError, match=r"need 0 <= rank < world_size; got rank=2, world_size=2"):
         zp.Pipeline(source(), canonical_replicas=2, rank=2, world_size=2)

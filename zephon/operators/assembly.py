@@ -22,13 +22,14 @@ feature; numpy assembles every other row, and every row with ``ZEPHON_PURE_PYTHO
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from zephon._native import load
-from zephon.operators.base import check_fits
+from zephon.operators.base import check_fits, sample_text
 from zephon.records import Contributor, LazyRecord, SampleCursor
 from zephon.sources.token_span import NATIVE_SPAN
 
@@ -94,7 +95,7 @@ class PackedRow(LazyRecord):
 
     def materialize(self, allocate: Any) -> Any:
         if self._build is not None:  # the setter marks it built
-            self.data = self._rows.assemble(self._pieces)
+            self.data = self._rows.assemble(self._pieces, self.lane)
         return super().materialize(allocate)
 
     def row_writer(self) -> RowAssembler | None:
@@ -129,6 +130,7 @@ class RowAssembler:
         "_checked",
         "_pad_items",
         "_layouts",
+        "names",
     )
 
     def __init__(
@@ -184,6 +186,17 @@ class RowAssembler:
         self._pad_items: dict[tuple[int, np.dtype], bytes] = {}  # their bytes, for C
         #: buffer formats of the pieces' columns -> (row layout, batch layout)
         self._layouts: dict[tuple[str, ...], tuple[list[Any], list[Any]]] = {}
+        #: The components' names, for errors that name a piece's sample (see :meth:`named`).
+        self.names: tuple[str, ...] = ()
+
+    def named(self, names: Sequence[str]) -> RowAssembler:
+        """This assembler, or a copy of it, whose errors name components by ``names``."""
+        names = tuple(names)
+        if names == self.names:
+            return self
+        other = copy.copy(self)
+        other.names = names
+        return other
 
     def _buffer(self, column: int, name: str, dtype: np.dtype, pad: Any) -> np.ndarray:
         """A row of ``dtype`` filled with ``pad`` (checked to fit ``dtype`` exactly)."""
@@ -198,20 +211,29 @@ class RowAssembler:
             check_fits(f"pack(pad_values={{{name!r}: {pad!r}}})", name, pad, dtype)
             self._checked.add((column, dtype))
 
-    def assemble(self, pieces: list[Piece]) -> dict[str, np.ndarray]:
-        """The packed row of ``pieces``: its features (the pieces one after another, then
-        the pad) and each feature's segment ids and positions; in C where it applies."""
+    def assemble(self, pieces: list[Piece], lane: int = -1) -> dict[str, np.ndarray]:
+        """The packed row of ``pieces`` (of ``lane``, which errors name): its features (the
+        pieces one after another, then the pad) and each feature's segment ids and
+        positions; in C where it applies."""
         fast = self.assemble_native(pieces) if _NATIVE is not None else None
-        return fast if fast is not None else self.assemble_numpy(*columns(pieces))
+        if fast is not None:
+            return fast
+        return self.assemble_numpy(*columns(pieces), pieces=pieces, lane=lane)
 
     def assemble_numpy(
         self,
         arrays: Sequence[Any],
         lengths: Sequence[int],
         mixes: Sequence[dict[int, int]],
+        *,
+        pieces: Sequence[Piece] = (),
+        lane: int = -1,
     ) -> dict[str, np.ndarray]:
         """:meth:`assemble` in numpy, of pieces given as columns (see :func:`columns`):
-        every case (broadcast fields, BOS, components)."""
+        every case (broadcast fields, BOS, components). Every piece's array of a feature
+        must have the first piece's dtype and be 1-D; a broadcast field without a dtype of
+        its own, the first piece's number's (``pieces`` and ``lane`` name the sample that
+        does not)."""
         data = {}
         lens = np.asarray(lengths, dtype=np.int64)
         total = int(lens.sum())
@@ -229,11 +251,16 @@ class RowAssembler:
             pad = self._pads[j]
             if j < n_arrays:
                 parts = [a[j] for a in arrays]
-                buf = self._buffer(j, name, np.result_type(*parts), pad)
+                dtype = self._one_dtype(name, parts, pieces, lane, per_token=True)
+                buf = self._buffer(j, name, dtype, pad)
                 if parts:
                     np.concatenate(parts, out=buf[:total])
             else:  # a broadcast field: one number per piece
-                values = np.asarray([a[j] for a in arrays], dtype=self.broadcast[name])
+                scalars = [a[j] for a in arrays]
+                given = self.broadcast[name]
+                if given is None and len({type(v) for v in scalars}) > 1:
+                    self._one_dtype(name, [np.asarray(v) for v in scalars], pieces, lane)
+                values = np.asarray(scalars, dtype=given)
                 buf = self._buffer(j, name, values.dtype, pad)
                 buf[:total] = np.repeat(values, lens)
             data[name] = buf
@@ -251,6 +278,58 @@ class RowAssembler:
             buf[:total] = np.repeat(comps, lens)
             data[self.component_feature] = buf
         return data
+
+    def _one_dtype(
+        self,
+        name: str,
+        parts: list[Any],
+        pieces: Sequence[Piece],
+        lane: int,
+        per_token: bool = False,
+    ) -> np.dtype:
+        """The dtype of every one of ``parts`` (a feature's arrays, one per piece): the
+        first's. A piece of another dtype (or, ``per_token``, not 1-D) is an error that
+        names its sample: rows never upcast silently."""
+        if not parts:
+            return _INT32
+        first = parts[0]
+        dtype = getattr(first, "dtype", None)
+        if dtype is None:
+            first = np.asarray(first)
+            dtype = first.dtype
+        for k, part in enumerate(parts):
+            got = getattr(part, "dtype", None)
+            if got is None:
+                part = np.asarray(part)
+                got = part.dtype
+            flat = not per_token or part.ndim == 1
+            if got == dtype and flat:
+                continue
+            where = self._piece_text(pieces, k, lane)
+            if not flat:
+                raise ValueError(
+                    f"pack: feature {name!r} of {where} has shape {part.shape}; packed and meta "
+                    "features are 1-D, one value per token: flatten it or leave it out of pack"
+                )
+            raise ValueError(
+                f"pack: feature {name!r} of {where} is {got}, where the row's first piece ("
+                f"{self._piece_text(pieces, 0, lane)}) has {dtype}; every sample must give a "
+                f"feature one dtype: cast it in .map() (e.g. np.asarray(x, {str(dtype)!r}))"
+                + (
+                    f", or give it one in pack(broadcast={{{name!r}: "
+                    f"{str(np.result_type(got, dtype))!r}}})"
+                    if name in self.broadcast
+                    else ""
+                )
+            )
+        return np.dtype(dtype)
+
+    def _piece_text(self, pieces: Sequence[Piece], k: int, lane: int) -> str:
+        """Piece ``k``'s sample, as an error names it."""
+        if k >= len(pieces):
+            return f"piece {k} of the row"
+        p = pieces[k]
+        return sample_text(lane, p.contributors[0], p.component_tokens, self.names)
 
     def assemble_native(self, pieces: list[Piece]) -> dict[str, np.ndarray] | None:
         """:meth:`assemble` with the row made by ``zephon._pack.assemble_rows`` (its pieces

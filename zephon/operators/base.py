@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from zephon._fingerprint import call_parameters
-from zephon.records import FlushSentinel, Record, Tombstone
+from zephon.records import Contributor, FlushSentinel, Record, Tombstone
 
 Output = Record | Tombstone
 
@@ -148,3 +148,52 @@ def check_fits(what: str, feature: str, value: Any, dtype: np.dtype) -> None:
             f"{what} does not fit feature {feature!r} of dtype {dtype}: give a value that "
             f"{dtype} holds exactly, or cast the feature first (e.g. in .map())"
         )
+
+
+def component_text(component: int, names: Sequence[str] = ()) -> str:
+    """A component as an error names it: ``component 'web' (0)``, or ``component 0`` where
+    it has no name of its own (a list of datasets names them ``"0"``, ``"1"``, ...)."""
+    name = names[component] if 0 <= component < len(names) else None
+    if name is None or name == str(component):
+        return f"component {component}"
+    return f"component {name!r} ({component})"
+
+
+def sample_text(
+    lane: int, first: Contributor, components: Iterable[int], names: Sequence[str] = ()
+) -> str:
+    """The sample an error is about, by what a record carries: its component(s) and its
+    cursor (``first``, the record's first piece, in ``lane``), e.g. ``the sample of
+    component 'web' (0) at lane 0, chunk 3, offset 5``. (A record does not carry its
+    sample's dataset index; the chunk and offset locate it in the lane's stream.)"""
+    comps = sorted(components)
+    at = f"lane {lane}, chunk {first[0]}, offset {first[1]}"
+    if first[2] or not first[3]:
+        at += f", piece {first[2]}"
+    if len(comps) == 1:
+        return f"the sample of {component_text(comps[0], names)} at {at}"
+    parts = ", ".join(component_text(c, names) for c in comps)
+    return f"the record of {parts} whose first sample is at {at}"
+
+
+def record_text(record: Any, names: Sequence[str] = ()) -> str:
+    """:func:`sample_text` of ``record`` (any record: a packed row is named by its first
+    piece and its components)."""
+    try:
+        cursor = record.cursor
+        first = record.contributors[0]
+        comps = list(record.component_tokens)
+    except (AttributeError, IndexError):
+        return "a record"
+    return sample_text(cursor.lane, first, comps, names)
+
+
+def data_text(data: Any) -> str:
+    """What a record's data is, for an error about a feature it lacks: its features (a
+    dict's keys), or its type (``None`` said as such: a ``map`` function that returned
+    nothing)."""
+    if isinstance(data, dict):
+        return f"its features: {sorted(map(str, data))}"
+    if data is None:
+        return "its data is None"
+    return f"its data is a {type(data).__name__}, not a dict of features"

@@ -21,8 +21,22 @@ from typing import Any
 
 import numpy as np
 
-from zephon.operators.base import LaneStateOperator, OpTraits, Output, check_fits
+from zephon.operators.base import (
+    LaneStateOperator,
+    OpTraits,
+    Output,
+    PipelineContext,
+    check_fits,
+    record_text,
+)
 from zephon.records import Allocator, BatchRecord, Record, Tombstone
+
+#: The most records one batch may stack. ``batch`` holds a lane's records (a few hundred
+#: bytes of Python objects each, before their data) until it has ``batch_size`` of them, and
+#: a batch passes through one worker ring slot: 2**24 records are gigabytes before any data.
+#: A size no lane ever fills (``batch(2**40)``) raises nothing: the lane's buffer grows until
+#: memory runs out.
+MAX_BATCH_SIZE = 2**24
 
 
 def _default_allocate(
@@ -46,6 +60,13 @@ class Batch(LaneStateOperator):
         super().__init__()
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
             raise ValueError(f"batch(batch_size=...) must be a positive int; got {batch_size!r}")
+        if batch_size > MAX_BATCH_SIZE:
+            raise ValueError(
+                f"batch(batch_size=...) must be at most {MAX_BATCH_SIZE} (2**24 records: a "
+                f"lane's records wait in memory until its batch is full); got {batch_size}: "
+                "give the batch of one lane (a step's global batch is that times the lanes "
+                "it takes), or stack further in the training loop"
+            )
         if not isinstance(pad_last, bool):
             raise TypeError(f"batch(pad_last=...) must be True or False; got {pad_last!r}")
         if pad_values is not None and not isinstance(pad_values, Mapping):
@@ -59,6 +80,19 @@ class Batch(LaneStateOperator):
         self.drop_last = drop_last and not pad_last
         self.pad_last = pad_last
         self.pad_values: dict[str, Any] = dict(pad_values or {})
+        #: The components' names, for errors that name a record's sample (see bind).
+        self.names: tuple[str, ...] = ()
+        #: Records dropped with each lane's last partial batch (``drop_last``): a count,
+        #: not state (the end-of-data warning reads it; flush resets nothing of it).
+        self.dropped_at_end: dict[int, int] = {}
+
+    def fresh(self) -> Batch:
+        clone: Batch = super().fresh()  # type: ignore[assignment]
+        clone.dropped_at_end = {}
+        return clone
+
+    def bind(self, ctx: PipelineContext) -> None:
+        self.names = tuple(ctx.names)
 
     def process(self, record: Record) -> Iterable[Output]:
         return self.process_batch([record])
@@ -188,13 +222,13 @@ class Batch(LaneStateOperator):
                     raise KeyError(
                         f"batch: a record lacks feature {k!r} that the first one has"
                     ) from None
-                if any(x.shape != a.shape for x in rows):
-                    raise ValueError(
-                        f"batch: feature {k!r} cannot be stacked (shapes {[x.shape for x in rows]}); "
-                        "pad or pack records to one shape before batch"
-                    )
-                # the widest dtype of the rows: never narrow a later record silently
-                spec[k] = ((n, *a.shape), np.result_type(*rows))
+                dtype, shape = a.dtype, a.shape
+                for i, x in enumerate(rows):  # one dtype and shape, never a silent upcast
+                    if (x.dtype != dtype and not _same_text(x.dtype, dtype)) or x.shape != shape:
+                        raise self._mismatch(f"feature {k!r}", records, i, a, x)
+                if dtype.kind in _TEXT:  # strings (or bytes) of any length: the longest's
+                    dtype = np.result_type(*rows)
+                spec[k] = ((n, *shape), dtype)
             stacked = list(spec)
             if extra:
                 spec.update(extra)
@@ -203,13 +237,33 @@ class Batch(LaneStateOperator):
                 np.stack([r.data[k] for r in records], out=out[k])
             return out
         arrays = [np.asarray(r.data) for r in records]
-        try:
-            return np.stack(arrays)
-        except ValueError as e:
-            raise ValueError(
-                f"batch: records cannot be stacked (shapes {[a.shape for a in arrays]}); "
-                "pad or pack records to one shape before batch"
-            ) from e
+        a = arrays[0]
+        for i, x in enumerate(arrays):
+            if (x.dtype != a.dtype and not _same_text(x.dtype, a.dtype)) or x.shape != a.shape:
+                raise self._mismatch("records", records, i, a, x)
+        return np.stack(arrays)
+
+    def _mismatch(
+        self, what: str, records: list[Any], i: int, first: np.ndarray, got: np.ndarray
+    ) -> ValueError:
+        """The error for record ``i`` whose ``what`` (a feature, or the record itself) is not
+        of the dtype and shape of the batch's first record's: it names both records' samples
+        and both dtypes or shapes."""
+        differs, fixes = [], []
+        if got.dtype != first.dtype and not _same_text(got.dtype, first.dtype):
+            differs.append(f"dtype {got.dtype} (the first record's: {first.dtype})")
+            fixes.append(
+                f"cast it to one dtype in .map() (e.g. np.asarray(x, {str(first.dtype)!r}))"
+            )
+        if got.shape != first.shape:
+            differs.append(f"shape {got.shape} (the first record's: {first.shape})")
+            fixes.append("pad or pack records to one shape before batch")
+        return ValueError(
+            f"batch: {what} cannot be stacked: {record_text(records[i], self.names)} has "
+            f"{' and '.join(differs)}, where the batch's first record is "
+            f"{record_text(records[0], self.names)}; the records of a batch need one dtype "
+            f"and shape (per feature): {', and '.join(fixes)}"
+        )
 
     def flush(self, reset: bool, lane_id: int) -> Iterable[Output]:
         buf = self._lanes.pop(lane_id, None)
@@ -217,6 +271,7 @@ class Batch(LaneStateOperator):
             return ()
         if self.drop_last:
             # The remainder is never delivered; saying so keeps completion tracking honest.
+            self.dropped_at_end[lane_id] = self.dropped_at_end.get(lane_id, 0) + len(buf)
             return (Tombstone(lane_id, [c for r in buf for c in r.contributors]),)
         return (self._stack(buf),)
 
@@ -231,6 +286,16 @@ class Batch(LaneStateOperator):
             return f"Batch(batch_size={self.batch_size}, drop_last={self.drop_last})"
         pads = dict(sorted(self.pad_values.items()))
         return f"Batch(batch_size={self.batch_size}, pad_last=True, pad_values={pads!r})"
+
+
+#: Dtype kinds of strings and bytes: a feature of them may hold any lengths (the batch's
+#: dtype is the longest's); every other feature keeps one dtype.
+_TEXT = "SU"
+
+
+def _same_text(a: np.dtype, b: np.dtype) -> bool:
+    """Whether ``a`` and ``b`` are strings (or bytes) of two lengths."""
+    return a.kind == b.kind and a.kind in _TEXT
 
 
 def _row_writer(records: list[Any]) -> Any:

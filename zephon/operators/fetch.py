@@ -23,9 +23,12 @@ class Fetch(Operator):
         self.io_retries: dict[int, int] = {}
         #: Some dataset reads from object storage: a worker reads chunks ahead.
         self.remote = False
+        #: The components' names, for the error that names a sample it could not read.
+        self._names: tuple[str, ...] = ()
 
     def bind(self, ctx: PipelineContext) -> None:
         self._datasets = ctx.datasets
+        self._names = tuple(ctx.names)
         self.remote = any(reads_remote(ds) for ds in self._datasets)
         if not self._datasets:
             raise ValueError(
@@ -35,7 +38,7 @@ class Fetch(Operator):
 
     def process(self, record: Record) -> Iterable[Output]:
         ptr: SamplePointer = record.data
-        return (record.replace(self._datasets[ptr[0]][ptr[1]]),)
+        return (record.replace(self._read([ptr[0]], [ptr[1]])[0]),)
 
     def process_batch(self, records: list[Record]) -> list[Output]:
         pointers = [r.data for r in records]
@@ -62,16 +65,58 @@ class Fetch(Operator):
 
     def _read(self, comps: list[int], indices: list[int], read: Any = read_many) -> list[Any]:
         if comps and comps.count(comps[0]) == len(comps):
-            return read(self._datasets[comps[0]], indices)  # type: ignore[no-any-return]
+            return self._read_one(read, comps[0], indices)
         by_component: dict[int, list[int]] = {}
         for pos, c in enumerate(comps):
             by_component.setdefault(c, []).append(pos)
         samples: list[Any] = [None] * len(comps)
         for c, positions in by_component.items():
-            got = read(self._datasets[c], [indices[p] for p in positions])
+            got = self._read_one(read, c, [indices[p] for p in positions])
             for p, sample in zip(positions, got, strict=True):
                 samples[p] = sample
         return samples
+
+    def _read_one(self, read: Any, c: int, indices: list[int]) -> list[Any]:
+        """Rows ``indices`` of dataset ``c``. The dataset's own ``IndexError`` or
+        ``KeyError`` is raised again, of its type, naming the component and the index."""
+        ds = self._datasets[c]
+        try:
+            return read(ds, indices)  # type: ignore[no-any-return]
+        except (IndexError, KeyError) as e:
+            raise _named(e, self._where(ds, c, indices, e)) from e
+
+    def _where(self, ds: Any, c: int, indices: list[int], e: BaseException) -> str:
+        """The sample of ``indices`` whose read raised ``e`` (of ``ds``, component ``c``),
+        in words: found by reading them one at a time where the dataset is local (this runs
+        only once a read has failed), else all of them."""
+        bad = None
+        if len(indices) == 1:
+            bad = indices[0]
+        elif not reads_remote(ds):
+            for i in indices:
+                try:
+                    ds[i]
+                except type(e):
+                    bad = i
+                    break
+                except Exception:  # noqa: BLE001 - another failure: not the one looked for
+                    continue
+        if bad is not None:
+            where = f"sample {SamplePointer(c, bad)}"
+        else:
+            shown = ", ".join(map(str, indices[:8])) + (", ..." if len(indices) > 8 else "")
+            where = f"one of indices [{shown}] (read together)"
+        try:
+            size = f"len(ds) says {len(ds)}"
+        except Exception:  # noqa: BLE001 - the message must not fail
+            size = "its len() failed"
+        name = self._names[c] if c < len(self._names) else str(c)
+        return (
+            f"fetch: dataset {name!r} (component {c}, a {type(ds).__name__}) raised {e!r} "
+            f"reading {where}; a dataset must give ds[i] (and ds.read(indices)) for every "
+            f"0 <= i < len(ds) ({size}): fix its __getitem__, or its __len__ if it counts "
+            "samples it does not have"
+        )
 
     def fresh(self) -> Operator:
         return self  # stateless; a deep copy would duplicate the user's datasets
@@ -81,3 +126,13 @@ class Fetch(Operator):
 
     def __repr__(self) -> str:
         return f"Fetch(parallelism={self.parallelism})"
+
+
+def _named(e: IndexError | KeyError, message: str) -> BaseException:
+    """``e``'s type (so ``except KeyError`` still catches it) with ``message``; the
+    builtin it derives from where its own class cannot be made with a message."""
+    try:
+        new = type(e)(message)
+    except Exception:  # noqa: BLE001 - a subclass with another constructor
+        new = (KeyError if isinstance(e, KeyError) else IndexError)(message)
+    return new

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import copy
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from zephon._fingerprint import describe_callable
-from zephon.operators.base import Operator, OpTraits, Output
+from zephon.operators.base import Operator, OpTraits, Output, PipelineContext, record_text
 from zephon.records import Record
 
 
@@ -19,16 +20,29 @@ class Map(Operator):
             raise TypeError(f"map needs a callable; got {type(fn).__name__} {fn!r}")
         self.fn = fn
         self.parallelism = parallelism
+        #: The components' names, for the error that names a record's sample (see bind).
+        self.names: tuple[str, ...] = ()
+
+    def bind(self, ctx: PipelineContext) -> None:
+        self.names = tuple(ctx.names)
 
     def process(self, record: Record) -> Iterable[Output]:
-        return (record.replace(self.fn(record.data)),)
+        return self.process_batch([record])
 
     def process_batch(self, records: list[Record]) -> list[Output]:
         fn = self.fn
-        return [r.replace(fn(r.data)) for r in records]
+        out: list[Output] = []
+        for r in records:
+            data = fn(r.data)
+            if data is None:
+                raise returned_none("map", fn, r, self.names)
+            out.append(r.replace(data))
+        return out
 
     def fresh(self) -> Operator:
-        return self  # stateless: user functions are shared, never deep-copied
+        # Stateless: user functions are shared, never deep-copied; a shallow copy so that
+        # bind() gives each pipeline its own component names.
+        return copy.copy(self)
 
     def fingerprint(self) -> str:
         return f"Map({describe_callable(self.fn)})"
@@ -40,3 +54,15 @@ class Map(Operator):
         return (
             f"Map(fn={getattr(self.fn, '__qualname__', self.fn)!s}, parallelism={self.parallelism})"
         )
+
+
+def returned_none(op: str, fn: Any, record: Record, names: Sequence[str] = ()) -> TypeError:
+    """The error for a ``map`` (or ``random_map``) function that returned None for
+    ``record``: nothing after it could use it (``batch`` would stack None into an object
+    array), and the usual cause is a missing ``return``."""
+    name = getattr(fn, "__qualname__", None) or repr(fn)
+    return TypeError(
+        f"{op}: {name} returned None for {record_text(record, names)}; a {op} function must "
+        f"return the record's new data (a missing `return`? e.g. `return data`). To drop "
+        "records, use .filter(pred) instead"
+    )

@@ -38,7 +38,7 @@ import numpy as np
 
 from zephon.errors import ContractViolation
 from zephon.operators.assembly import _SCALARS, PackedRow, Piece, RowAssembler
-from zephon.operators.base import LaneStateOperator, OpTraits, Output
+from zephon.operators.base import LaneStateOperator, OpTraits, Output, PipelineContext, data_text
 from zephon.operators.bins import Bins, bin_rows, compact, grouped, rows_of
 from zephon.operators.placement import CONCAT_THEN_SPLIT, STRATEGIES, place
 from zephon.operators.split import cut_bounds
@@ -48,6 +48,11 @@ from zephon.records import Contributor, Record
 REPLACE_FIRST_TOKEN = "replace_first_token"
 #: ``order`` values: rows leave as they are emptied, or in the order of their first pieces.
 ORDERS = ("filled", "arrival")
+#: The longest row ``pack`` makes: positions and segment ids are int32 (Grain's layout; the
+#: C assembler writes them as ``int32_t``), so a row of 2**31 tokens or more would overflow
+#: them. (Long before that a row stops fitting in memory: ``seq_len=2**40`` asks for 4 TiB an
+#: int32 feature a row.)
+MAX_SEQ_LEN = 2**31 - 1
 
 
 class Pack(LaneStateOperator):
@@ -73,6 +78,11 @@ class Pack(LaneStateOperator):
         super().__init__()
         if not _is_int(seq_len) or seq_len < 1:
             raise ValueError(f"pack(seq_len=...) must be a positive int; got {seq_len!r}")
+        if seq_len > MAX_SEQ_LEN:
+            raise ValueError(
+                f"pack(seq_len=...) must be at most {MAX_SEQ_LEN} (2**31 - 1: positions and "
+                f"segment ids are int32); got {seq_len}: give the model's context length"
+            )
         if strategy not in STRATEGIES:
             raise ValueError(
                 f"pack(strategy=...) must be one of {', '.join(map(repr, STRATEGIES))}; got "
@@ -186,9 +196,11 @@ class Pack(LaneStateOperator):
                 lengths.append(len(data[f]))
             except (KeyError, TypeError):
                 raise KeyError(
-                    f"pack: record has no feature {f!r}; pack(features={list(self.features)}"
+                    f"pack: record has no feature {f!r} ({data_text(data)}); "
+                    f"pack(features={list(self.features)}"
                     + (f", meta_features={list(self.meta_features)}" if self.meta_features else "")
-                    + ") needs every feature in each record (tokenize first?)"
+                    + ") needs every feature in each record: tokenize first, or name the "
+                    "features the records have"
                 ) from None
         n = lengths[0]
         if any(m != n for m in lengths):
@@ -244,6 +256,9 @@ class Pack(LaneStateOperator):
 
     def process(self, record: Record) -> Iterable[Output]:
         return self.place(record.lane, [self.piece(record)])
+
+    def bind(self, ctx: PipelineContext) -> None:
+        self.rows = self.rows.named(ctx.names)  # errors name a piece's component by its name
 
     def process_batch(self, records: list[Record]) -> list[Output]:
         out: list[Output] = []

@@ -28,6 +28,7 @@ import numpy as np
 from zephon._fingerprint import describe_callable
 from zephon._native import load
 from zephon.operators.base import Operator, OpTraits, Output, PipelineContext
+from zephon.operators.map import returned_none
 from zephon.records import Record
 from zephon.work_sources.permutation import _fmix64_array, mix64
 
@@ -135,10 +136,13 @@ class RandomMap(Operator):
         self.parallelism = parallelism
         self._seed = 0
         self._randoms: dict[int, RecordRandom] = {}
+        #: The components' names, for the error that names a record's sample (see bind).
+        self.names: tuple[str, ...] = ()
 
     def bind(self, ctx: PipelineContext) -> None:
         self._seed = int(ctx.seed)
         self._randoms = {}
+        self.names = tuple(ctx.names)
 
     def _rng(self) -> RecordRandom:
         # One generator per thread: with parallelism > 1 the chain runner's pool calls
@@ -160,11 +164,18 @@ class RandomMap(Operator):
     def process_batch(self, records: list[Record]) -> list[Output]:
         random, fn = self._rng(), self.fn
         words = record_words(random.key, [r.cursor for r in records])
-        return [r.replace(fn(r.data, random.rekey(w))) for r, w in zip(records, words, strict=True)]
+        out: list[Output] = []
+        for r, w in zip(records, words, strict=True):
+            data = fn(r.data, random.rekey(w))
+            if data is None:
+                raise returned_none("random_map", fn, r, self.names)
+            out.append(r.replace(data))
+        return out
 
     def fresh(self) -> Operator:
         clone = RandomMap(self.fn, self.stream, self.parallelism)
         clone._seed = self._seed
+        clone.names = self.names
         return clone
 
     def fingerprint(self) -> str:

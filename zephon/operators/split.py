@@ -7,7 +7,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from zephon.errors import ContractViolation
-from zephon.operators.base import Operator, OpTraits, Output
+from zephon.operators.base import Operator, OpTraits, Output, data_text
 from zephon.records import Contributor, Record
 
 
@@ -49,8 +49,8 @@ class Split(Operator):
             main = data[self.feature]
         except (KeyError, TypeError, IndexError):
             raise KeyError(
-                f"split: record data has no feature {self.feature!r}; tokenize first or "
-                f"pass split(feature=...)"
+                f"split: record data has no feature {self.feature!r} ({data_text(data)}); "
+                f"tokenize first, or name the per-token feature with split(feature=...)"
             ) from None
         n = len(main)
         if n <= self.max_len:

@@ -41,6 +41,7 @@ from zephon.sources._fs import is_url
 from zephon.sources.identity import array_sample, dataset_identity, short_digest
 from zephon.sources.index_cache import cache_dir
 from zephon.sources.reading import read_many
+from zephon.tokenizers import ByteTokenizer
 
 __all__ = [
     "ComponentLengths",
@@ -58,6 +59,7 @@ SUFFIX = ".zlen"
 PARTIAL = ".partial"
 _DTYPE = np.dtype("<u4")
 _BLOCK = 1024  # samples counted per read
+_SCAN = 1 << 16  # counts looked at a time for a non-zero one
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,17 @@ class ComponentLengths:
         if self.offsets:
             return int(self.array[-1] - self.array[0])
         return int(self.array.sum(dtype=np.int64))
+
+    def any_tokens(self) -> bool:
+        """Whether any sample has a token: at once for offsets, else a scan that stops at
+        the first block holding one (the first, unless the counts begin with zeros)."""
+        a = self.array
+        if self.offsets:
+            return bool(a.size) and int(a[-1]) > int(a[0])
+        for lo in range(0, a.size, _SCAN):
+            if a[lo : lo + _SCAN].any():
+                return True
+        return False
 
     def at(self, index: int) -> int:
         if self.offsets:
@@ -167,13 +180,27 @@ def resolve_lengths(name: str, c: int, dataset: Any, spec: Any) -> ComponentLeng
 # ------------------------------------------------------------------ the index file
 
 
-def _data_paths(dataset: Any) -> list[str] | None:
+def data_paths(dataset: Any) -> list[str] | None:
+    """The files a dataset reads (a file source's ``paths``), or None."""
     paths = getattr(dataset, "paths", None) or getattr(dataset, "_paths", None)
     if isinstance(paths, str):
         return [paths]
     if isinstance(paths, Sequence) and paths and all(isinstance(p, str) for p in paths):
         return list(paths)
     return None
+
+
+#: Files a message lists before saying how many more there are.
+SHOWN_PATHS = 3
+
+
+def shown_paths(paths: Sequence[str], sep: str = ", ") -> str:
+    """``paths`` for a message: the first :data:`SHOWN_PATHS`, then ``… and N more``
+    (a dataset of 41 shards would otherwise fill the screen)."""
+    shown = sep.join(paths[:SHOWN_PATHS])
+    if len(paths) > SHOWN_PATHS:
+        shown += f"{sep}… and {len(paths) - SHOWN_PATHS} more"
+    return shown
 
 
 def _tokenizer_text(tokenizer: Any, field: str | None) -> str:
@@ -190,7 +217,7 @@ def index_locations(dataset: Any, tokenizer: Any, field: str | None = None) -> l
     Raises:
         ValueError: the dataset has no files to key an index by (pass a path).
     """
-    paths = _data_paths(dataset)
+    paths = data_paths(dataset)
     if paths is None:
         raise ValueError(
             f"a {type(dataset).__name__} has no data files to keep a length index beside; "
@@ -350,8 +377,7 @@ def open_length_index(
                 if partial
                 else ""
             )
-            + f"; build it with `zephon lengths {_data_hint(dataset)} --tokenizer ...`"
-            + ("" if field is None else f" --field {field}")
+            + f"; build it {_build_hint(dataset, tokenizer, field)}"
         )
     header, start = _read_header(target)
     expected = _header(dataset, tokenizer, field)
@@ -361,8 +387,8 @@ def open_length_index(
             f"length index {target} does not match dataset {_describe(dataset)} ("
             + "; ".join(differs)
             + f"): it was built for {header.get('dataset_type')} data that has changed since, "
-            "or for another dataset or tokenizer; rebuild it with `zephon lengths "
-            f"{_data_hint(dataset)} --tokenizer ...`"
+            f"or for another dataset or tokenizer; rebuild it "
+            f"{_build_hint(dataset, tokenizer, field)}"
         )
     n = int(header["count"])
     size = os.path.getsize(target)
@@ -377,16 +403,56 @@ def open_length_index(
 
 
 def _describe(dataset: Any) -> str:
-    paths = _data_paths(dataset)
-    return repr(dataset) if paths is None else f"{type(dataset).__name__}({', '.join(paths)})"
+    paths = data_paths(dataset)
+    return repr(dataset) if paths is None else f"{type(dataset).__name__}({shown_paths(paths)})"
 
 
-def _data_hint(dataset: Any) -> str:
-    paths = _data_paths(dataset)
-    field = getattr(dataset, "_field", None)  # JsonlSource / ParquetSource(field=...)
-    return ("DATA" if paths is None else " ".join(paths)) + (
-        f" --field {field}" if isinstance(field, str) else ""
+#: The datasets ``zephon lengths`` reads (its ``--format``).
+_CLI_SOURCES = ("JsonlSource", "ParquetSource")
+
+
+def _build_hint(dataset: Any, tokenizer: Any, field: str | None) -> str:
+    """How to build the index of ``dataset`` under ``tokenizer``: the ``zephon lengths``
+    command that builds exactly it where the command can (its data files, a few then how
+    many more; ``--tokenizer`` as the tokenizer in use), and the Python call, which always
+    can."""
+    data_field = getattr(dataset, "_field", None)  # JsonlSource / ParquetSource(field=...)
+    call = "zp.build_length_index(dataset, tokenizer" + (
+        f", field={field!r})" if field is not None else ")"
     )
+    paths = data_paths(dataset)
+    arg = _tokenizer_arg(tokenizer)
+    if (
+        paths is None
+        or arg is None
+        or field is not None
+        or type(dataset).__name__ not in _CLI_SOURCES
+    ):
+        return (
+            f"in Python with {call} (`zephon lengths` builds only a JsonlSource or "
+            "ParquetSource of text under 'byte' or a tokenizer file with its default settings)"
+        )
+    command = f"zephon lengths {shown_paths(paths, ' ')}"
+    if isinstance(data_field, str):
+        command += f" --field {data_field}"
+    return f"with `{command} --tokenizer {arg}` (or in Python: {call})"
+
+
+def _tokenizer_arg(tokenizer: Any) -> str | None:
+    """What ``zephon lengths --tokenizer`` takes to build ``tokenizer`` (``byte``, or its
+    tokenizer file), or None where the command's default settings would make another."""
+    if type(tokenizer) is ByteTokenizer:
+        return "byte" if repr(tokenizer) == repr(ByteTokenizer()) else None
+    path = getattr(tokenizer, "path", None)
+    if type(tokenizer).__name__ not in ("HFTokenizer", "SentencePieceTokenizer") or not isinstance(
+        path, str
+    ):
+        return None
+    try:  # the CLI builds it with its defaults: only the same repr makes the same index
+        same = repr(type(tokenizer)(path)) == repr(tokenizer)
+    except Exception:  # noqa: BLE001 - any failure: do not offer the command
+        return None
+    return path if same else None
 
 
 def _counter(tokenizer: Any) -> Callable[[list[Any]], list[int]]:

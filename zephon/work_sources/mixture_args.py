@@ -15,8 +15,13 @@ from typing import Any
 import numpy as np
 
 from zephon.work_sources.base import RandomAccessDataset
-from zephon.work_sources.lengths import ComponentLengths, resolve_lengths
-from zephon.work_sources.schedule import Schedule
+from zephon.work_sources.lengths import (
+    ComponentLengths,
+    data_paths,
+    resolve_lengths,
+    shown_paths,
+)
+from zephon.work_sources.schedule import Schedule, not_a_number
 
 __all__ = [
     "ON_EXHAUSTED",
@@ -151,6 +156,11 @@ def check_weights(
         )
     out = []
     for c, (name, w) in enumerate(zip(names, values, strict=True)):
+        not_number = not_a_number(w)
+        if not_number:
+            raise ValueError(
+                f"weight of dataset {name!r} (component {c}) must be a number; got {not_number}"
+            )
         try:
             wf = float(w)
         except (TypeError, ValueError) as e:
@@ -186,12 +196,25 @@ def check_sizes(
     for c, (name, ds) in enumerate(zip(names, datasets, strict=True)):
         n = len(ds)
         if n == 0 and weights[c] > 0:
+            files = _files(ds)
             raise ValueError(
-                f"dataset {name!r} (component {c}) is empty but has weight "
-                f"{weights[c]!r}; give it weight 0 or remove it"
+                f"dataset {name!r} (component {c}{files}) is empty but has weight "
+                f"{weights[c]!r}; "
+                + ("check the path (an empty file has no samples), " if files else "")
+                + "give it weight 0 or remove it"
             )
         sizes.append(int(n))
     return tuple(sizes)
+
+
+def _files(dataset: Any) -> str:
+    """``, a JsonlSource of /data/web.jsonl``: the files of a dataset read from files (a
+    few, then how many more), for an error that would otherwise name it by its place in the
+    mixture alone; "" for any other dataset."""
+    paths = data_paths(dataset)
+    if paths is None:
+        return ""
+    return f", a {type(dataset).__name__} of {shown_paths(paths)}"
 
 
 def check_epochs(num_epochs: NumEpochs, names: tuple[str, ...]) -> tuple[int | None, ...]:
@@ -253,7 +276,16 @@ def check_lengths(
     out: list[ComponentLengths | None] = []
     for c, (name, ds, spec) in enumerate(zip(names, datasets, specs, strict=True)):
         if given[c] or (needed and weights[c] > 0):
-            out.append(resolve_lengths(name, c, ds, spec))
+            lengths_c = resolve_lengths(name, c, ds, spec)
+            if needed and weights[c] > 0 and not lengths_c.any_tokens():
+                raise ValueError(
+                    f"dataset {name!r} (component {c}{_files(ds)}) has no tokens: every one "
+                    f"of its {len(ds)} samples is 0 tokens long, and the mixture shares out "
+                    f"tokens (weight {weights[c]!r}); its samples cannot make up any share: "
+                    "check its lengths (a length index of another dataset or tokenizer? an "
+                    "empty text field?), or give it weight 0"
+                )
+            out.append(lengths_c)
         else:
             out.append(None)
     return tuple(out)

@@ -217,9 +217,23 @@ class Schedule:
         return f"Schedule([{pts}], unit={self.unit!r}, interpolate={self.interpolate!r})"
 
 
+def not_a_number(w: Any) -> str:
+    """What is wrong with weight ``w`` that ``float(w)`` would take but a weight must not be
+    (a string, which ``float`` parses; a boolean, which it turns into 1.0 or 0.0), with the
+    fix; "" for anything else."""
+    if isinstance(w, str | bytes):
+        return f"the string {w!r}: give the number itself (e.g. 0.5, not '0.5')"
+    if isinstance(w, bool | np.bool_):
+        return f"the boolean {bool(w)!r}: give 1.0 or 0.0 (a weight of 0 is never drawn)"
+    return ""
+
+
 def _normalised(values: Sequence[Any], what: str) -> list[float]:
     out = []
     for c, w in enumerate(values):
+        not_number = not_a_number(w)
+        if not_number:
+            raise ValueError(f"{what}: weight {c} must be a number; got {not_number}")
         try:
             wf = float(w)
         except (TypeError, ValueError) as e:

@@ -63,6 +63,12 @@ from zephon.work_sources.schedule import Schedule
 
 __all__ = ["StaticMixtureWorkSource"]
 
+#: The most pointers a work chunk may hold. A lane's in-flight chunks are stored in full in
+#: every checkpoint (12 bytes a pointer: 768 KiB a chunk of 2**16), a restore replays whole
+#: chunks, and a chunk's arrays are made at once: ``chunk_size=2**40`` asks numpy for 24 TiB,
+#: ``2**63`` fails inside it ("Maximum allowed dimension exceeded"). The default is 64.
+MAX_CHUNK_SIZE = 2**16
+
 
 class StaticMixtureWorkSource:
     """One lane of a weighted mixture of random-access datasets.
@@ -78,8 +84,8 @@ class StaticMixtureWorkSource:
             is never drawn and may be empty.
         seed: seeds the per-epoch permutations and the per-chunk seeds.
         shuffle: permute every dataset epoch; False reads each dataset in order.
-        chunk_size: pointers per work chunk (the last chunk of an exhausted lane may be
-            shorter).
+        chunk_size: pointers per work chunk, at most ``2**16`` (the last chunk of an
+            exhausted lane may be shorter).
         num_epochs: passes over every dataset (counted over all lanes together) before it
             is exhausted: an int for all, a dict name -> int or None (names left out repeat
             forever), or None to repeat forever.
@@ -106,9 +112,10 @@ class StaticMixtureWorkSource:
 
     Raises:
         ValueError: mismatched datasets/weights, a negative or non-finite weight, weights
-            summing to zero, an empty dataset with positive weight, ``chunk_size < 1``,
-            ``num_epochs < 1``, a lane out of range, an unknown ``weight_unit`` or
-            ``on_exhausted``, token weights for a dataset whose lengths are unknown.
+            summing to zero, an empty dataset with positive weight, ``chunk_size`` outside
+            1..2**16 (:data:`MAX_CHUNK_SIZE`), ``num_epochs < 1``, a lane out of range, an
+            unknown ``weight_unit`` or ``on_exhausted``, token weights for a dataset whose
+            lengths are unknown or all zero; weights given as strings or booleans.
         TypeError: a dataset without ``__len__``/``__getitem__``, or a non-int parameter.
     """
 
@@ -141,6 +148,13 @@ class StaticMixtureWorkSource:
         chunk_size = as_int("chunk_size", chunk_size)
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1; got chunk_size={chunk_size}")
+        if chunk_size > MAX_CHUNK_SIZE:
+            raise ValueError(
+                f"chunk_size must be at most {MAX_CHUNK_SIZE} (2**16 pointers: every in-flight "
+                f"chunk is stored in full in each checkpoint and replayed whole on restore); "
+                f"got chunk_size={chunk_size}: leave it at 64, or give the samples one lane "
+                "reads at a time (the batch size is batch()'s)"
+            )
         epochs = check_epochs(num_epochs, names)
 
         self._names: tuple[str, ...] = names

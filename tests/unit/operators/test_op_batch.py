@@ -72,7 +72,11 @@ def test_mismatched_shapes_are_a_value_error_naming_the_feature(h) -> None:
     pipe = h.make_pipeline([list(range(6))], lanes=1, shuffle=False).fetch()
     pipe = pipe.map(lambda i: {"x": np.zeros(1 + i % 2)}).batch(2)
     with pytest.raises(
-        ValueError, match=r"batch: feature 'x' cannot be stacked \(shapes \[\(1,\), \(2,\)\]\)"
+        ValueError,
+        match=r"batch: feature 'x' cannot be stacked: the sample of component 0 at lane 0, "
+        r"chunk 0, offset 1 has shape \(2,\) \(the first record's: \(1,\)\), where the "
+        r"batch's first record is the sample of component 0 at lane 0, chunk 0, offset 0; .*"
+        r"pad or pack records to one shape before batch",
     ):
         take(pipe)
 
@@ -81,9 +85,68 @@ def test_mismatched_shapes_of_plain_arrays_name_batch(h) -> None:
     pipe = h.make_pipeline([[np.zeros(3), np.zeros(4)]], lanes=1, shuffle=False).fetch().batch(2)
     with pytest.raises(
         ValueError,
-        match=r"batch: records cannot be stacked \(shapes \[\(3,\), \(4,\)\]\); pad or pack",
+        match=r"batch: records cannot be stacked: the sample of component 0 at lane 0, chunk 0, "
+        r"offset 1 has shape \(4,\) \(the first record's: \(3,\)\).*; .*pad or pack",
     ):
         take(pipe)
+
+
+def _named_source(docs: list, **kw) -> zp.StaticMixtureWorkSource:
+    return zp.StaticMixtureWorkSource(
+        {"web": zp.ArraySource(docs)}, shuffle=False, num_epochs=1, chunk_size=8, **kw
+    )
+
+
+def test_a_dtype_that_changes_within_a_feature_names_the_sample_and_both_dtypes() -> None:
+    # Sample 3 gives int64 tokens where the others give int32: an error, never an upcast.
+    docs = [np.arange(4, dtype=np.int64 if i == 3 else np.int32) for i in range(8)]
+    pipe = zp.Pipeline(_named_source(docs), canonical_replicas=1).fetch()
+    pipe = pipe.map(lambda a: {"tokens": a}).batch(4)
+    with pytest.raises(
+        ValueError,
+        match=r"batch: feature 'tokens' cannot be stacked: the sample of component 'web' \(0\) "
+        r"at lane 0, chunk 0, offset 3 has dtype int64 \(the first record's: int32\), where the "
+        r"batch's first record is the sample of component 'web' \(0\) at lane 0, chunk 0, "
+        r"offset 0; the records of a batch need one dtype and shape \(per feature\): cast it to "
+        r"one dtype in \.map\(\) \(e\.g\. np\.asarray\(x, 'int32'\)\)",
+    ):
+        take(pipe)
+
+
+def test_an_image_whose_shape_changes_names_the_sample_and_both_shapes() -> None:
+    imgs = [np.zeros((32, 32) if i < 2 else (16, 16), np.uint8) for i in range(4)]
+    pipe = zp.Pipeline(_named_source(imgs), canonical_replicas=1).fetch()
+    with pytest.raises(
+        ValueError,
+        match=r"batch: records cannot be stacked: the sample of component 'web' \(0\) at lane "
+        r"0, chunk 0, offset 2 has shape \(16, 16\) \(the first record's: \(32, 32\)\)",
+    ):
+        take(pipe.batch(4))
+    with pytest.raises(
+        ValueError,
+        match=r"batch: feature 'image' cannot be stacked: .* offset 2 has shape \(16, 16\) "
+        r"\(the first record's: \(32, 32\)\)",
+    ):
+        take(pipe.map(lambda a: {"image": a}).batch(4))
+
+
+def test_strings_of_any_length_still_stack() -> None:
+    pipe = zp.Pipeline(_named_source(["ab", "cdx"]), canonical_replicas=1).fetch()
+    (out,) = take(pipe.map(lambda s: {"id": s}).batch(2))
+    assert out["id"].tolist() == ["ab", "cdx"]
+
+
+def test_a_batch_size_past_the_limit_is_refused_at_construction() -> None:
+    from zephon.operators.batch import MAX_BATCH_SIZE
+
+    assert MAX_BATCH_SIZE == 2**24
+    Batch(MAX_BATCH_SIZE)  # the limit itself is fine
+    with pytest.raises(
+        ValueError,
+        match=r"batch\(batch_size=\.\.\.\) must be at most 16777216 \(2\*\*24 records: .*\); got "
+        r"1099511627776: give the batch of one lane",
+    ):
+        zp.Pipeline(_named_source(["a"])).fetch().batch(2**40)
 
 
 def test_dict_records_of_a_wider_dtype_are_not_truncated(h) -> None:

@@ -185,3 +185,60 @@ def test_fetch_reads_the_users_dataset_objects(h) -> None:
     ds = Locked()
     assert sorted(take(h.make_pipeline([ds], lanes=1).fetch())) == list(range(10))
     assert ds.reads == 10
+
+
+class Missing:
+    """A dataset whose row ``bad`` raises ``error`` (its own ``IndexError``/``KeyError``),
+    by ``ds[i]`` and, with ``batched``, by ``read(indices)`` too."""
+
+    def __init__(self, error: Exception, bad: int = 3, batched: bool = False) -> None:
+        self.error, self.bad = error, bad
+        if batched:
+            self.read = lambda indices: [self[i] for i in indices]
+
+    def __len__(self) -> int:
+        return 10
+
+    def __getitem__(self, i: int) -> int:
+        if i == self.bad:
+            raise self.error
+        return i
+
+
+class RowMissing(KeyError):
+    """A dataset's own KeyError subclass."""
+
+
+@pytest.mark.parametrize("batched", [False, True])
+@pytest.mark.parametrize(
+    "error", [KeyError("row 3"), IndexError("list index out of range"), RowMissing("row 3")]
+)
+def test_a_datasets_own_lookup_error_names_the_component_and_index(error, batched) -> None:
+    src = zp.StaticMixtureWorkSource(
+        {"web": zp.ArraySource([0] * 10), "docs": Missing(error, batched=batched)},
+        weights=[0.0, 1.0],
+        shuffle=False,
+        num_epochs=1,
+    )
+    pipe = zp.Pipeline(src, canonical_replicas=1).fetch().batch(2)
+    with pytest.raises(type(error)) as raised:  # its own type: `except KeyError` still works
+        take(pipe)
+    text = str(raised.value)
+    assert type(raised.value) is type(error) and raised.value.__cause__ is error
+    assert (
+        f"fetch: dataset 'docs' (component 1, a Missing) raised {error!r} reading sample "
+        "SamplePointer(component=1, index=3); a dataset must give ds[i] (and "
+        "ds.read(indices)) for every 0 <= i < len(ds) (len(ds) says 10): fix its __getitem__, "
+        "or its __len__ if it counts samples it does not have"
+    ) in text
+
+
+def test_a_lookup_error_of_a_failing_batched_read_names_the_indices_it_read() -> None:
+    class ReadFails(Missing):
+        def read(self, indices: list[int]) -> list[int]:
+            raise IndexError("bad block")
+
+    fetch = Fetch()
+    fetch.bind(zp.operators.base.PipelineContext(datasets=(ReadFails(KeyError("x"), bad=-1),)))
+    with pytest.raises(IndexError, match=r"reading one of indices \[1, 2\] \(read together\)"):
+        fetch.read([0, 0], [1, 2])

@@ -133,3 +133,37 @@ def test_map_resumes_exactly(h) -> None:
     ref = assert_resumes_exactly(build)
     assert len(ref) == 40
     assert all(b.shape == (2, 12) and b.dtype == np.int32 for b in ref)
+
+
+def _forgets_return(data: object) -> None:
+    data = data  # no return: the map gives None
+
+
+def test_a_map_function_that_returns_none_names_itself_the_sample_and_the_fix() -> None:
+    src = zp.StaticMixtureWorkSource({"web": zp.ArraySource(["ab", "cd"])}, shuffle=False)
+    pipe = zp.Pipeline(src, canonical_replicas=1).fetch().tokenize(zp.ByteTokenizer())
+    with pytest.raises(
+        TypeError,
+        match=r"map: _forgets_return returned None for the sample of component 'web' \(0\) at "
+        r"lane 0, chunk 0, offset 0; a map function must return the record's new data \(a "
+        r"missing `return`\? e\.g\. `return data`\)\. To drop records, use \.filter\(pred\)",
+    ):
+        take(pipe.map(_forgets_return).split(4).batch(1), 1)
+    with pytest.raises(TypeError, match=r"random_map: \S*<lambda> returned None for the sample"):
+        take(pipe.random_map(lambda d, rng: None).batch(1), 1)
+
+
+def test_a_map_in_two_pipelines_names_each_ones_components() -> None:
+    op = Map(_forgets_return)  # one operator in two pipelines over other components
+    pipes = [
+        zp.Pipeline(zp.StaticMixtureWorkSource({name: zp.ArraySource([1])}), canonical_replicas=1)
+        .fetch()
+        .apply(op)
+        .batch(1)
+        for name in ("a", "b")
+    ]
+    for p in pipes:
+        p.explain()  # both compiled (bound to their sources) before either runs
+    for name, p in zip("ab", pipes, strict=True):
+        with pytest.raises(TypeError, match=rf"for the sample of component '{name}' \(0\)"):
+            take(p, 1)

@@ -154,7 +154,11 @@ def test_piece_longer_than_seq_len_names_split() -> None:
 
 def test_missing_feature_is_a_key_error() -> None:
     r = Record({"ids": np.arange(3)}, 0, [Contributor(0, 0, 0, True)], {0: 3})
-    with pytest.raises(KeyError, match=r"no feature 'tokens'"):
+    with pytest.raises(
+        KeyError,
+        match=r"no feature 'tokens' \(its features: \['ids'\]\); pack\(features=\['tokens'\]\) "
+        r"needs every feature in each record: tokenize first",
+    ):
         Pack(seq_len=10).process(r)
 
 
@@ -167,6 +171,65 @@ def test_pack_validation() -> None:
         Pack(8, features="tokens")
     with pytest.raises(ValueError, match=r"pack\(features=\.\.\.\) must be a non-empty list"):
         Pack(8, features=())
+
+
+def test_a_seq_len_past_int32_positions_is_refused_at_construction() -> None:
+    from zephon.operators.pack import MAX_SEQ_LEN
+
+    assert MAX_SEQ_LEN == 2**31 - 1
+    Pack(MAX_SEQ_LEN)  # the limit itself is fine: nothing is allocated before a row
+    with pytest.raises(
+        ValueError,
+        match=r"pack\(seq_len=\.\.\.\) must be at most 2147483647 \(2\*\*31 - 1: positions and "
+        r"segment ids are int32\); got 1099511627776: give the model's context length",
+    ):
+        Pack(2**40)
+
+
+def _docs_pipeline(docs: list[np.ndarray]) -> zp.Pipeline:
+    src = zp.StaticMixtureWorkSource(
+        {"web": zp.ArraySource(docs)}, shuffle=False, num_epochs=1, chunk_size=8
+    )
+    return zp.Pipeline(src, canonical_replicas=1).fetch().map(lambda a: {"tokens": a})
+
+
+def test_a_piece_of_another_dtype_in_a_row_names_its_sample_and_both_dtypes() -> None:
+    docs = [np.arange(4, dtype=np.int64 if i == 3 else np.int32) for i in range(8)]
+    with pytest.raises(
+        ValueError,
+        match=r"pack: feature 'tokens' of the sample of component 'web' \(0\) at lane 0, chunk "
+        r"0, offset 3 is int64, where the row's first piece \(the sample of component 'web' "
+        r"\(0\) at lane 0, chunk 0, offset 0\) has int32; every sample must give a feature one "
+        r"dtype: cast it in \.map\(\) \(e\.g\. np\.asarray\(x, 'int32'\)\)",
+    ):
+        take(_docs_pipeline(docs).pack(16).batch(1))
+
+
+def test_rows_of_two_dtypes_in_one_batch_name_the_row_and_both_dtypes() -> None:
+    # One piece a row: each row is of one dtype, the batch of two is not.
+    docs = [np.arange(8, dtype=np.int64 if i == 1 else np.int32) for i in range(4)]
+    with pytest.raises(
+        ValueError,
+        match=r"batch: feature 'tokens' cannot be stacked: the sample of component 'web' \(0\) "
+        r"at lane 0, chunk 0, offset 1 has dtype int64 \(the first record's: int32\)",
+    ):
+        take(_docs_pipeline(docs).pack(8, num_bins=1).batch(2))
+
+
+def test_a_broadcast_field_of_two_number_types_in_a_row_names_the_sample() -> None:
+    op = Pack(8, num_bins=1, broadcast=["loss_weight"])
+    records = [
+        Record({"tokens": np.arange(2), "loss_weight": w}, 0, [Contributor(5, k, 0, True)], {1: 2})
+        for k, w in enumerate([1, 0.5])
+    ]
+    (row,) = list(op.process_batch(records)) + list(op.flush(True, 0))
+    with pytest.raises(
+        ValueError,
+        match=r"pack: feature 'loss_weight' of the sample of component 1 at lane 0, chunk 5, "
+        r"offset 1 is float64, where the row's first piece \(.* offset 0\) has int64; .* or "
+        r"give it one in pack\(broadcast=\{'loss_weight': 'float64'\}\)",
+    ):
+        row.materialize(None)
 
 
 def test_flush_emits_partial_bins_and_resets_only_that_lane() -> None:

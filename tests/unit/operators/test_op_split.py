@@ -80,8 +80,21 @@ def test_split_validation() -> None:
             ValueError, match=rf"split\(max_len=\.\.\.\) must be a positive int; got {bad!r}"
         ):
             Split(bad)
-    with pytest.raises(KeyError, match=r"no feature 'tokens'; tokenize first"):
+    with pytest.raises(
+        KeyError,
+        match=r"no feature 'tokens' \(its data is a str, not a dict of features\); tokenize first",
+    ):
         Split(3).process(Record("raw text", 0, [Contributor(0, 0, 0, True)], {0: 1}))
+
+
+def test_a_record_without_the_feature_after_tokenize_shows_what_it_has() -> None:
+    # Not "tokenize first" alone when the pipeline did tokenize: the message lists the
+    # features a map before split left.
+    src = zp.StaticMixtureWorkSource({"web": zp.ArraySource(["ab", "cd"])}, num_epochs=1)
+    pipe = zp.Pipeline(src, canonical_replicas=1).fetch().tokenize(zp.ByteTokenizer())
+    pipe = pipe.map(lambda d: {"ids": d["tokens"]}).split(4).batch(1)
+    with pytest.raises(KeyError, match=r"no feature 'tokens' \(its features: \['ids'\]\)"):
+        take(pipe)
 
 
 def test_split_of_a_packed_record_is_a_contract_violation() -> None:

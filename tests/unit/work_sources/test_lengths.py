@@ -230,7 +230,10 @@ def test_a_stale_index_is_an_error_naming_both(tmp_path) -> None:
     text = str(e.value)
     assert text.startswith(f"length index {target} does not match dataset JsonlSource({path}) (")
     assert "2500 samples then, 2501 now" in text and "content identity bytes" in text
-    assert f"rebuild it with `zephon lengths {path} --field text --tokenizer ...`" in text
+    assert (
+        f"rebuild it with `zephon lengths {path} --field text --tokenizer byte` (or in Python: "
+        "zp.build_length_index(dataset, tokenizer))"
+    ) in text
     # another tokenizer is another index (its own file), and a mismatch when forced
     with pytest.raises(LengthIndexError, match="no length index at .*lengths-"):
         zp.open_length_index(web, zp.ByteTokenizer(add_eos=False))
@@ -243,6 +246,39 @@ def test_a_stale_index_is_an_error_naming_both(tmp_path) -> None:
         changed := zp.JsonlSource(path, field="text"), tok, target, progress=False
     )
     assert len(zp.open_length_index(changed, tok, target)) == 2501
+
+
+def test_index_errors_name_the_tokenizer_in_use_and_a_few_of_many_shards(tmp_path) -> None:
+    paths = [tmp_path / f"web-{i:05d}.jsonl" for i in range(41)]
+    for p in paths:
+        write_jsonl(p, TEXTS[:2])
+    web = zp.JsonlSource(paths, field="text")
+    with pytest.raises(LengthIndexError) as e:
+        zp.open_length_index(web, zp.ByteTokenizer())
+    text = str(e.value)
+    assert text.endswith(
+        f"; build it with `zephon lengths {paths[0]} {paths[1]} {paths[2]} … and 38 more "
+        "--field text --tokenizer byte` (or in Python: zp.build_length_index(dataset, "
+        "tokenizer))"
+    )
+    assert str(paths[3]) not in text and len(text) < 600  # not 41 paths
+    # A tokenizer the command cannot make (not its default settings): the Python call.
+    with pytest.raises(LengthIndexError) as e:
+        zp.open_length_index(web, zp.ByteTokenizer(add_eos=False))
+    assert str(e.value).endswith(
+        "; build it in Python with zp.build_length_index(dataset, tokenizer) (`zephon lengths` "
+        "builds only a JsonlSource or ParquetSource of text under 'byte' or a tokenizer file "
+        "with its default settings)"
+    )
+    target = zp.build_length_index(web, zp.ByteTokenizer(), progress=False)
+    with pytest.raises(LengthIndexError) as e:  # stale: the dataset named by a few shards too
+        zp.open_length_index(zp.JsonlSource(paths[:40], field="text"), zp.ByteTokenizer(), target)
+    text = str(e.value)
+    assert (
+        f"does not match dataset JsonlSource({paths[0]}, {paths[1]}, {paths[2]}, … and 37 more)"
+        in text
+    )
+    assert str(paths[3]) not in text
 
 
 class _Other:

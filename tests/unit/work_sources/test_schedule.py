@@ -48,6 +48,13 @@ def test_step_and_linear_weights_at_positions() -> None:
         (([(0, {"a": 1}), (3, [1])],), {}, TypeError, r"all be dicts or all be lists"),
         (([(0, {"a": 1}), (3, {"b": 1})],), {}, ValueError, r"point 1 names \['b'\] but point 0"),
         (([(0, [1, -1])],), {}, ValueError, r"point 0: weight 1 must be finite and >= 0; got -1"),
+        (
+            ([(0, [1, "0.5"])],),
+            {},
+            ValueError,
+            r"point 0: weight 1 must be a number; got the string '0\.5': give the number itself",
+        ),
+        (([(0, [True, 1])],), {}, ValueError, r"point 0: weight 0 .* got the boolean True"),
         (([(0, [0, 0])],), {}, ValueError, r"point 0: weights must have a positive sum"),
         (([(0.5, [1])],), {}, TypeError, r"position must be an int; got 0.5"),
         (

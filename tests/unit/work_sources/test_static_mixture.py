@@ -435,7 +435,41 @@ class NoGetItem:
         ((iter([[1]]),), {}, TypeError, "datasets must be a list/tuple .* got list_iterator"),
         (({1: [1]},), {}, TypeError, "dataset names .* must be str; got int 1"),
         (([[1]], "1"), {}, TypeError, "weights must be a list/tuple.*got str"),
-        (([[1]], ["x"]), {}, TypeError, r"weight of dataset '0' \(component 0\) must be a number"),
+        (([[1]], [None]), {}, TypeError, r"weight of dataset '0' \(component 0\) must be a number"),
+        (
+            ([[1]], ["x"]),
+            {},
+            ValueError,
+            r"weight of dataset '0' \(component 0\) must be a number; got the string 'x'",
+        ),
+        (
+            ({"a": [1], "b": [2]}, ["0.5", "0.5"]),
+            {},
+            ValueError,
+            r"weight of dataset 'a' \(component 0\) must be a number; got the string '0\.5': give "
+            r"the number itself \(e\.g\. 0\.5, not '0\.5'\)",
+        ),
+        (
+            ({"a": [1], "b": [2]}, [1.0, False]),
+            {},
+            ValueError,
+            r"weight of dataset 'b' \(component 1\) must be a number; got the boolean False: give "
+            r"1\.0 or 0\.0",
+        ),
+        (
+            ({"a": [1], "b": [2]}, {"a": np.bool_(True), "b": 1.0}),
+            {},
+            ValueError,
+            r"weight of dataset 'a' \(component 0\) must be a number; got the boolean True",
+        ),
+        (
+            ([[1]],),
+            {"chunk_size": 2**63},
+            ValueError,
+            r"chunk_size must be at most 65536 \(2\*\*16 pointers: every in-flight chunk is stored "
+            r"in full in each checkpoint and replayed whole on restore\); got "
+            r"chunk_size=9223372036854775808: leave it at 64",
+        ),
         (([[1]],), {"chunk_size": 2.5}, TypeError, "chunk_size must be an int; got float 2.5"),
         (([[1]],), {"seed": 2**64}, ValueError, "seed must fit in 64 bits"),
     ],
@@ -443,6 +477,63 @@ class NoGetItem:
 def test_validation(args, kwargs, error, message) -> None:
     with pytest.raises(error, match=message):
         StaticMixtureWorkSource(*args, **kwargs)
+
+
+def test_the_chunk_size_limit_itself_is_fine() -> None:
+    from zephon.work_sources.static_mixture import MAX_CHUNK_SIZE
+
+    assert MAX_CHUNK_SIZE == 2**16
+    assert len(make([5], chunk_size=MAX_CHUNK_SIZE, num_epochs=1).next_chunk()) == 5
+
+
+def test_an_empty_file_is_named_by_its_path(tmp_path) -> None:
+    import zephon as zp
+
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    (tmp_path / "tokens.bin").write_bytes(b"")
+    full = zp.ArraySource(["a"])
+    with pytest.raises(
+        ValueError,
+        match=rf"dataset '1' \(component 1, a JsonlSource of {empty}\) is empty but has weight "
+        r"1\.0; check the path \(an empty file has no samples\), give it weight 0 or remove it",
+    ):
+        StaticMixtureWorkSource([full, zp.JsonlSource(empty)])
+    with pytest.raises(
+        ValueError,
+        match=r"dataset 'toks' \(component 0, a TokenFileSource of .*tokens\.bin\) is empty",
+    ):
+        StaticMixtureWorkSource({"toks": zp.TokenFileSource(tmp_path / "tokens.bin", eos_id=0)})
+    shards = []
+    for i in range(6):
+        shards.append(tmp_path / f"web-{i}.jsonl")
+        shards[-1].write_text("")
+    with pytest.raises(ValueError) as e:
+        StaticMixtureWorkSource({"web": zp.JsonlSource(shards)})
+    assert f"a JsonlSource of {shards[0]}, {shards[1]}, {shards[2]}, … and 3 more)" in str(e.value)
+
+
+def test_a_component_of_no_tokens_is_refused_where_the_mixture_counts_tokens() -> None:
+    import zephon as zp
+
+    none = zp.ArraySource([np.zeros(0, np.int32)] * 5)
+    some = zp.ArraySource([np.ones(3, np.int32)] * 5)
+    message = (
+        r"dataset 'none' \(component 0\) has no tokens: every one of its 5 samples is 0 tokens "
+        r"long, and the mixture shares out tokens \(weight 1\.0\); its samples cannot make up "
+        r"any share: check its lengths .*, or give it weight 0"
+    )
+    with pytest.raises(ValueError, match=message):
+        StaticMixtureWorkSource({"none": none, "some": some}, weight_unit="tokens")
+    with pytest.raises(ValueError, match=r"dataset 'none' \(component 0\) has no tokens"):
+        StaticMixtureWorkSource(
+            {"none": [0] * 5, "some": [1] * 5},
+            weight_unit="tokens",
+            lengths={"none": np.zeros(5, np.uint32), "some": np.ones(5, np.uint32)},
+        )
+    # Weight 0, or samples counted (not shared out) by tokens: nothing to refuse.
+    StaticMixtureWorkSource({"none": none, "some": some}, [0.0, 1.0], weight_unit="tokens")
+    StaticMixtureWorkSource({"none": none, "some": some}, lengths={"none": np.zeros(5, int)})
 
 
 def test_zero_weight_empty_dataset_is_fine() -> None:
