@@ -164,17 +164,23 @@ def _shm_names() -> set[str]:
         return set()
 
 
-def _zephon_memfds() -> set[str]:
-    """This process's descriptors of Zephon's shared memory (``fd -> /memfd:zephon...``)."""
+def own_memfds(prefix: str = "/memfd:") -> set[str]:
+    """This process's open memfd descriptors whose target starts with ``prefix``
+    (``fd -> /memfd:name``): the shared-memory segments it holds."""
     held = set()
     for fd in os.listdir("/proc/self/fd"):
         try:
             target = os.readlink(f"/proc/self/fd/{fd}")
         except OSError:
             continue  # the listing's own descriptor, closed by now
-        if target.startswith("/memfd:zephon"):
+        if target.startswith(prefix):
             held.add(f"{fd} -> {target}")
     return held
+
+
+def _zephon_memfds() -> set[str]:
+    """This process's descriptors of Zephon's shared memory (``fd -> /memfd:zephon...``)."""
+    return own_memfds("/memfd:zephon")
 
 
 @pytest.fixture(scope="module", autouse=True)

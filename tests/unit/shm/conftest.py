@@ -13,20 +13,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from tests.conftest import own_memfds
 from zephon.shm import ShmRing
-
-
-def own_memfds() -> set[str]:
-    """This process's open memfd descriptors (``fd -> /memfd:name``): every segment it holds."""
-    held = set()
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue  # the listing's own descriptor, closed by now
-        if target.startswith("/memfd:"):
-            held.add(f"{fd} -> {target}")
-    return held
 
 
 @pytest.fixture(autouse=True)
