@@ -191,26 +191,22 @@ class Follower:
                 self.lease.stop()
             self.lease = None
         try:
-            self.lease = self._take_place(deadline)
+            self.lease = take_place(
+                ctx.store,
+                ctx.keys.member(ctx.rank),
+                holder_value(self.session, ctx.rank),
+                ctx.lease_ttl_s,
+                deadline,
+                session=self.session,
+                conflict=ctx.conflict_message(f"rank {ctx.rank}'s place"),
+                log=ctx.log,
+                p=ctx.p,
+            )
         except PlaceTakenError:
             raise
         except Exception as e:  # noqa: BLE001 - the store's error, for the round's notice
             return e
         return None
-
-    def _take_place(self, deadline: Deadline) -> Any:
-        ctx = self.ctx
-        return take_place(
-            ctx.store,
-            ctx.keys.member(ctx.rank),
-            holder_value(self.session, ctx.rank),
-            ctx.lease_ttl_s,
-            deadline,
-            session=self.session,
-            conflict=ctx.conflict_message(f"rank {ctx.rank}'s place"),
-            log=ctx.log,
-            p=ctx.p,
-        )
 
     def close(self) -> None:
         """Give this rank's place up (its liveness key goes at once)."""
@@ -665,13 +661,19 @@ class Follower:
         if it committed first, that commit is this rank's result after all."""
         ctx = self.ctx
         rid = joined.ann.round_id
-        first = ctx.abort(rid, message.removeprefix(f"{ctx.p} "))
+        # The state is written: the round may have committed. A store that cannot be
+        # reached now is waited for (one more budget), never guessed.
+        first = ctx.abort(
+            rid, message.removeprefix(f"{ctx.p} "), settle_until=time.monotonic() + ctx.timeout_s
+        )
         if first is not None:
             if first.kind == "commit":
                 joined.fresh = True
                 result = self._judge(joined, first, state)
                 if result is not None:
                     return result
+            elif first.kind == "unknown":
+                message += f"; {first.why}"
             elif joined.fresh:
                 message += f"; the round had already been ended: {first.why}"
         raise AggregationError(message)
