@@ -9,7 +9,7 @@ collection scans), and ``checkpoint()``: the first (every lane's state built), t
 :data:`CHECKPOINTS` more, each after a round in which every lane moved (the median and
 the worst), and one after 100 more batches (100 lanes moved; a lane's state is rebuilt
 only when it moved). With each, the time the collector ran inside it and in the 10
-batches after it (see :mod:`zephon.collector`: the checkpoint builds its state with the
+batches after it (see :mod:`zephon.pipeline.collector`: the checkpoint builds its state with the
 collector paused; a collection the process owes still runs once the collector is back,
 inside the call), and those 10 batches' time.
 Each L runs in its own process, so memory figures are its own.

@@ -29,7 +29,7 @@ from benchmarks.harness.timing import interleaved_repeats, measure_throughput
 from benchmarks.workload import SyntheticDocs, pregenerate
 from benchmarks.zephon_lm import zephon_lm_pipeline
 from zephon.demo.pipelines import lm_chain
-from zephon.options import DEFAULT_RING_SLOTS
+from zephon.pipeline.options import DEFAULT_RING_SLOTS
 
 DEFAULT_PREFETCH = 0  # Pipeline's default with workers (prefetch=None)
 

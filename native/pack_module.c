@@ -1,4 +1,4 @@
-/* zephon._pack: where pack's pieces go, in C (zephon/operators/placement.py is the same
+/* zephon._pack: where pack's pieces go, in C (zephon/operators/pack/placement.py is the same
  * function in Python; the tests compare them).
  *
  * place_into(strategy, fill, segments, lengths, cap, max_segments, target, evict, full,
@@ -31,16 +31,16 @@
  * allocates the rows.
  *
  * parts(rows): the contributors of the pieces of rows one after another and their
- * per-component token counts summed (zephon/operators/assembly.py's parts is the same in
+ * per-component token counts summed (zephon/operators/pack/assembly.py's parts is the same in
  * Python): a packed row's, or a batch's of packed rows.
  *
  * split_pieces(piece, contributor, ndarray, span, datas, contribs, mixes, key, max_len): the
  * fused split -> pack stage's pieces of pre-tokenized samples or token spans (span.h)
- * (zephon/stages/split_pack.py's _Pieces is the same in Python), or None where a sample is
+ * (zephon/operators/pack/fused.py's _Pieces is the same in Python), or None where a sample is
  * off that common path.
  *
  * bin_rows(pieces, instance, emitted, opened, held) -> (rows, new): pack's bookkeeping
- * around place_into (bin_rows in zephon/operators/pack.py is the same in Python): the
+ * around place_into (bin_rows in zephon/operators/pack/pack.py is the same in Python): the
  * pieces of each emptied instance, and each bin's pieces at the end (held, updated).
  *
  * What a bin holds from one emptying to the next is an instance, numbered s * num_bins + b
@@ -416,7 +416,7 @@ static int zspan_type_ok(PyObject *span) {
 
 PyDoc_STRVAR(assemble_rows_doc,
              "assemble_rows(rows, column, out, pad, seg, pos, span=None, /) -> None\n\n"
-             "Packed rows (RowAssembler in zephon/operators/assembly.py is the same in numpy):\n"
+             "Packed rows (RowAssembler in zephon/operators/pack/assembly.py is the same in numpy):\n"
              "rows is a list of rows, each a tuple or list of Pieces, whose arrays are each a\n"
              "sequence whose item column is a 1-D contiguous array, or a token span of type span\n"
              "(None: no span type), whose tokens are widened to int32; out is a 2-D contiguous\n"
@@ -745,7 +745,7 @@ PyDoc_STRVAR(split_pieces_doc,
              "split_pieces(piece, contributor, ndarray, span, datas, contribs, mixes, key,\n"
              "max_len, /) -> list | None\n\n"
              "The fused split -> pack stage's pieces of pre-tokenized samples (_Pieces in\n"
-             "zephon/stages/split_pack.py is the same in Python): sample k is datas[k][key], a\n"
+             "zephon/operators/pack/fused.py is the same in Python): sample k is datas[k][key], a\n"
              "1-D array of type exactly ndarray, or datas[k] itself, a token span of type span\n"
              "(zephon._tokens.Span, or None: no spans), with contributors contribs[k] and mix mixes[k]. Up to\n"
              "max_len tokens it is one piece(contribs[k], mixes[k], (array,) or the span, n);\n"
@@ -922,7 +922,7 @@ static int placed_at(PyObject *placed, int64_t key, PyObject **out) {
 
 PyDoc_STRVAR(bin_rows_doc,
              "bin_rows(pieces, instance, emitted, opened, held, /) -> (rows, new)\n\n"
-             "Pack's bookkeeping around place_into (bin_rows in zephon/operators/pack.py is the\n"
+             "Pack's bookkeeping around place_into (bin_rows in zephon/operators/pack/pack.py is the\n"
              "same in Python). pieces[k] went to instance[k]; held[b] is the list of pieces bin\n"
              "b held when the call began (its instance b). rows: for each instance of emitted,\n"
              "the pieces it held (what it held before, then this call's, in order). held is\n"
@@ -1048,7 +1048,7 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "zephon._pack",
-    .m_doc = "Where pack's pieces go (zephon.operators.placement), in C.",
+    .m_doc = "Where pack's pieces go (zephon.operators.pack.placement), in C.",
     .m_size = 0,
     .m_methods = methods,
 };

@@ -1,5 +1,5 @@
 /* zephon._track: the count of delivered pieces that closes their offsets
- * (ChunkTrack.add_run in zephon/tracking.py, which is the same function in Python), for
+ * (ChunkTrack.add_run in zephon/tracking/tracker.py, which is the same function in Python), for
  * chunks of at most 64 offsets; a restore runs it for every piece it drops. And the
  * contributors of a chunk's whole samples (zephon.records.whole_samples), made untracked
  * by the collector.
@@ -9,7 +9,7 @@
 
 PyDoc_STRVAR(close_run_doc,
              "close_run(delivered, total, bitmap, chunk_id, pieces, i, /) -> (i, bitmap, closed)\n\n"
-             "ChunkTrack.add_run (zephon/tracking.py) for a chunk of at most 64 offsets:\n"
+             "ChunkTrack.add_run (zephon/tracking/tracker.py) for a chunk of at most 64 offsets:\n"
              "counts pieces[i], pieces[i+1], ... (contributors) while they are of chunk_id,\n"
              "updating the lists delivered and total in place; returns the index of the first\n"
              "piece not counted, the new bitmap of closed offsets and how many it closed.");
@@ -144,7 +144,7 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "zephon._track",
-    .m_doc = "ChunkTrack.add_run of zephon.tracking and zephon.records.whole_samples, in C.",
+    .m_doc = "ChunkTrack.add_run (zephon.tracking.tracker), zephon.records.whole_samples, in C.",
     .m_size = 0,
     .m_methods = methods,
 };

@@ -21,7 +21,7 @@ from zephon.errors import (
     ZephonError,
 )
 from zephon.operators import Operator, OpTraits
-from zephon.pipeline import Pipeline
+from zephon.pipeline.pipeline import Pipeline
 from zephon.records import (
     BatchRecord,
     Contributor,
@@ -38,8 +38,8 @@ from zephon.sources import (
     ParquetSource,
     TokenFileSource,
 )
-from zephon.tokenizer_adapters import HFTokenizer, SentencePieceTokenizer
-from zephon.tokenizers import ByteTokenizer
+from zephon.tokenizers.adapters import HFTokenizer, SentencePieceTokenizer
+from zephon.tokenizers.base import ByteTokenizer
 from zephon.work_sources import (
     MixtureChange,
     Schedule,

@@ -16,7 +16,7 @@ import numpy as np
 
 from zephon.checkpoint import dumps, loads
 from zephon.errors import DroppedRecordsWarning
-from zephon.pipeline import Pipeline
+from zephon.pipeline.pipeline import Pipeline
 
 Build = Callable[[], Pipeline]
 

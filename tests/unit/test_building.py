@@ -1,4 +1,4 @@
-"""The builder half of a Pipeline (zephon/building.py): a builder method returns a new
+"""The builder half of a Pipeline (zephon/pipeline/building.py): a builder method returns a new
 pipeline and leaves the one it was called on as it was, whatever that one had compiled or
 started."""
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import zephon as zp
-from zephon.cli import EXIT_BROKEN_PIPE, main
+from zephon.cli.main import EXIT_BROKEN_PIPE, main
 from zephon.demo.corpus import demo_pipeline
 
 REPO = Path(__file__).resolve().parents[2]

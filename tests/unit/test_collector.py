@@ -1,4 +1,4 @@
-"""The collector pause around a checkpoint's state build (zephon.collector)."""
+"""The collector pause around a checkpoint's state build (zephon.pipeline.collector)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import threading
 import pytest
 
 import zephon as zp
-from zephon import pipeline
-from zephon.collector import collector_paused
+from zephon.pipeline import pipeline
+from zephon.pipeline.collector import collector_paused
 
 
 def test_the_pause_nests_and_restores_the_collector_as_it_found_it() -> None:

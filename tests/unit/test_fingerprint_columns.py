@@ -13,8 +13,8 @@ import zephon as zp
 import zephon._fingerprint as fp
 from zephon._fingerprint import comparable_parts, describe_differences, expand_parts
 from zephon.checkpoint import dumps
+from zephon.cli.inspect import components
 from zephon.errors import CheckpointError
-from zephon.inspect import components
 from zephon.testing import roundtrip, take
 from zephon.work_sources.mixture_change import plan_change
 

@@ -7,7 +7,7 @@ import pytest
 
 import zephon as zp
 from tests.integration.corpus import lm_pipeline
-from zephon import compile as compile_mod
+from zephon.plan import compile as compile_mod
 from zephon.testing import assert_resumes_exactly, assert_same_batches, take
 
 
@@ -77,7 +77,7 @@ def test_text_held_checks_count_tokens_against_encode(monkeypatch: pytest.Monkey
 
 def test_text_held_keeps_no_tokens_in_waiting_rows(monkeypatch: pytest.MonkeyPatch) -> None:
     """What a lane's bins and rows hold is text: no token array bigger than one sample."""
-    from zephon.operators.assembly import PackedRow
+    from zephon.operators.pack.assembly import PackedRow
 
     _many_lanes(monkeypatch, True)
     docs = [f"w{i} " * (1 + (i * 7) % 60) for i in range(400)]

@@ -113,7 +113,7 @@ def test_bad_workers(bad) -> None:
 
 
 def test_auto_workers_follows_the_cpus_and_the_lanes(monkeypatch) -> None:
-    from zephon import options
+    from zephon.pipeline import options
 
     monkeypatch.setattr(options.os, "sched_getaffinity", lambda pid: set(range(16)))
     assert zp.Pipeline(source(), canonical_replicas=8, workers="auto").workers == 8
@@ -165,7 +165,7 @@ def test_bad_canonical_replicas(bad) -> None:
 
 
 def test_limits_that_would_hang_or_overflow_are_refused_at_construction() -> None:
-    from zephon.options import MAX_CANONICAL_REPLICAS, MAX_RING_SLOT_BYTES, MAX_RING_SLOTS
+    from zephon.pipeline.options import MAX_CANONICAL_REPLICAS, MAX_RING_SLOT_BYTES, MAX_RING_SLOTS
 
     assert (MAX_CANONICAL_REPLICAS, MAX_RING_SLOT_BYTES, MAX_RING_SLOTS) == (2**20, 2**40, 2**16)
     with pytest.raises(

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from zephon.errors import CheckpointError
+from zephon.operators.replay import ReplayFilter
 from zephon.records import Contributor, FlushSentinel, Record, SampleCursor, Tombstone
-from zephon.replay import ReplayFilter
 
 
 def rec(chunk: int, offset: int) -> Record:

@@ -12,18 +12,18 @@ import pytest
 
 import zephon as zp
 from zephon.chunks import WorkChunk
-from zephon.compile import compile_plan
 from zephon.errors import ContractViolation
 from zephon.operators.base import OpStats, PipelineContext
 from zephon.operators.fetch import Fetch
 from zephon.operators.map import Map
-from zephon.operators.pack import Pack
+from zephon.operators.pack.fused import SplitPack
+from zephon.operators.pack.pack import Pack
 from zephon.operators.split import Split
 from zephon.operators.tokenize import Tokenize
+from zephon.plan.compile import compile_plan
+from zephon.plan.read import ReadChunks
 from zephon.records import Contributor, Record
 from zephon.runners.chain import ChainRunner
-from zephon.stages.read import ReadChunks
-from zephon.stages.split_pack import SplitPack
 from zephon.testing import assert_resumes_exactly, batches_equal, take
 
 DOCS_A = [("ab" * ((i * 7919) % 700)) + f" a{i}" for i in range(500)]
@@ -306,7 +306,7 @@ def test_a_lane_s_first_feed_stops_at_its_first_output_and_resumes_to_the_same_o
 def test_read_ahead_only_over_object_storage_and_same_samples() -> None:
     import threading
 
-    from zephon.stages.read import ReadChunks
+    from zephon.plan.read import ReadChunks
 
     class Remote:
         _paths = ["s3://bucket/a.jsonl"]
@@ -346,7 +346,7 @@ def _pre_tokenized(lengths: list[int], seed: int = 0) -> list[dict[str, np.ndarr
 
 
 def _python_pieces(stage: SplitPack, datas: list, contribs: list, mixes: list) -> list:
-    from zephon.stages import split_pack
+    from zephon.operators.pack import fused as split_pack
 
     saved, split_pack._NATIVE = split_pack._NATIVE, None
     try:
@@ -371,8 +371,8 @@ def _same_pieces(a: list, b: list) -> bool:
 
 @pytest.mark.native
 def test_pre_tokenized_pieces_made_in_c_are_the_python_ones() -> None:
+    from zephon.operators.pack import fused as split_pack
     from zephon.records import whole_samples
-    from zephon.stages import split_pack
 
     assert split_pack._NATIVE is not None, "zephon._pack is not built (native tests need it)"
     max_len = 8
@@ -424,8 +424,8 @@ def test_pre_tokenized_pieces_made_in_c_are_the_python_ones() -> None:
     ids=["str", "no-tokens", "list", "2-d", "subclass"],
 )
 def test_pre_tokenized_pieces_leave_the_c_path_for_anything_else(odd: Any) -> None:
+    from zephon.operators.pack import fused as split_pack
     from zephon.records import whole_samples
-    from zephon.stages import split_pack
 
     datas = [*_pre_tokenized([3]), odd]
     got = split_pack._NATIVE.split_pieces(
@@ -437,7 +437,7 @@ def test_pre_tokenized_pieces_leave_the_c_path_for_anything_else(odd: Any) -> No
 
 @pytest.mark.native
 def test_pre_tokenized_long_samples_that_are_not_one_whole_sample_leave_the_c_path() -> None:
-    from zephon.stages import split_pack
+    from zephon.operators.pack import fused as split_pack
 
     native = split_pack._NATIVE
     datas = _pre_tokenized([12])
@@ -514,9 +514,9 @@ def _as_arrays(pieces: list) -> list:
 @pytest.mark.native
 @pytest.mark.parametrize("dtype", ["uint16", "uint32"])
 def test_token_span_pieces_made_in_c_are_the_python_ones_and_the_arrays_ones(dtype) -> None:
+    from zephon.operators.pack import fused as split_pack
     from zephon.records import whole_samples
     from zephon.sources.token_span import NATIVE_SPAN
-    from zephon.stages import split_pack
 
     assert split_pack._NATIVE is not None and NATIVE_SPAN is not None, "not built"
     stage = SplitPack(None, Split(8), Pack(8, 2))
@@ -549,8 +549,8 @@ def test_token_span_pieces_made_in_c_are_the_python_ones_and_the_arrays_ones(dty
 
 @pytest.mark.native
 def test_rows_of_token_spans_are_written_as_rows_of_their_tokens() -> None:
-    from zephon.operators import assembly
-    from zephon.operators.assembly import Piece, RowAssembler, columns
+    from zephon.operators.pack import assembly
+    from zephon.operators.pack.assembly import Piece, RowAssembler, columns
     from zephon.sources.token_span import NATIVE_SPAN
 
     assert NATIVE_SPAN is not None, "zephon._tokens is not built (native tests need it)"

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import zephon as zp
+from zephon.operators.pack.fused import _Docs
 from zephon.operators.tokenize import Tokenize
-from zephon.stages.split_pack import _Docs
 from zephon.testing import assert_same_batches, roundtrip, take
 
 ASCII = [("ab" * ((i * 7919) % 300)) + f" a{i}" for i in range(300)]

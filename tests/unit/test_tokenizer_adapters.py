@@ -19,7 +19,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 import zephon as zp
 from zephon.testing import assert_resumes_exactly
-from zephon.tokenizer_adapters import HFTokenizer, SentencePieceTokenizer
+from zephon.tokenizers.adapters import HFTokenizer, SentencePieceTokenizer
 
 CORPUS = [
     f"the {a} {b} fox number {i} jumps over the lazy dog"

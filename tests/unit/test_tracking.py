@@ -8,11 +8,12 @@ import gc
 import numpy as np
 import pytest
 
-from zephon import records, tracking
+from zephon import records
 from zephon.chunks import WorkChunk
-from zephon.lane_checks import HELD
 from zephon.records import Contributor, FlushSentinel, SampleCursor
-from zephon.tracking import EPOCH, MONOTONE, ChunkTrack, LaneTracker
+from zephon.tracking import tracker as tracking
+from zephon.tracking.checks import HELD
+from zephon.tracking.tracker import EPOCH, MONOTONE, ChunkTrack, LaneTracker
 
 
 class ListSource:

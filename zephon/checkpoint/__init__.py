@@ -1,4 +1,5 @@
-"""Checkpoint files (msgpack + zstd, atomic) and, later, multi-rank rounds."""
+"""Checkpoint files (msgpack + zstd, written atomically), the pipeline state they hold, and
+the multi-rank checkpoint rounds over a shared store (:mod:`~zephon.checkpoint.rounds`)."""
 
 from zephon.checkpoint.io import dumps, load, loads, save
 

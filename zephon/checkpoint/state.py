@@ -8,7 +8,7 @@ A state is a plain msgpack-able dict::
      "canonical_replicas": L, "flush_every_k_chunks": k, "eviction": "watermark"|"epoch",
      "topology": {"rank", "world_size", "dp_rank", "dp_size", "canonical_replicas"
                   [, "merged": True]},
-     "lanes": [lane state, ...],              # see zephon.tracking.LaneTracker.state
+     "lanes": [lane state, ...],              # see zephon.tracking.tracker.LaneTracker.state
      "round_robin": {"dp_size": D, "next_lanes": {"<dp rank>": lane}},
      "step": S,                                # batches delivered since the start of
                                                # the data: the same on every rank at a
@@ -28,8 +28,8 @@ from typing import Any
 
 from zephon._fingerprint import describe_differences
 from zephon.errors import CheckpointError
-from zephon.lane_checks import checked_count
 from zephon.topology import Topology
+from zephon.tracking.checks import checked_count
 
 FORMAT = "zephon.pipeline"
 FORMAT_VERSION = 1
@@ -51,7 +51,7 @@ def build_state(
     engine_state: dict[str, Any],
 ) -> dict[str, Any]:
     """One rank's state: the header, its lanes, its DP rank's next lane and its step
-    (``engine_state`` is :meth:`zephon.engine.Engine.state`)."""
+    (``engine_state`` is :meth:`zephon.pipeline.engine.Engine.state`)."""
     return {
         "format": FORMAT,
         "version": FORMAT_VERSION,

@@ -22,7 +22,7 @@ import jax
 import numpy as np
 
 from zephon.errors import CheckpointError
-from zephon.pipeline import Pipeline
+from zephon.pipeline.pipeline import Pipeline
 from zephon.runners.lanes import LOCKSTEP
 
 __all__ = ["GlobalBatches", "global_batches"]

@@ -7,7 +7,7 @@ from zephon.operators.fetch import Fetch
 from zephon.operators.filter import Filter
 from zephon.operators.lm import LmTargets, TrimOrPad
 from zephon.operators.map import Map
-from zephon.operators.pack import Pack
+from zephon.operators.pack.pack import Pack
 from zephon.operators.random_map import RandomMap
 from zephon.operators.shuffle import Shuffle
 from zephon.operators.split import Split

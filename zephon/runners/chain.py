@@ -6,7 +6,7 @@ sentinel, or the final sentinel. The plan's head turns a chunk into records; the
 through the plan's steps one step at a time (a whole layer per step), which gives exactly
 the order a record-at-a-time push would, and lets stateless operators work on a chunk at
 once, on threads if they ask for it. The runner does not know what a step is: an operator,
-or a stage standing for several (:mod:`zephon.stages`).
+or a stage standing for several (:mod:`zephon.plan`).
 
 Tombstones skip the rest of the chain; they travel with the lane's next output. Outputs are
 :class:`LaneOutput`: one record or batch (or none, at the end of a lane) plus the
@@ -26,12 +26,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from zephon.chunks import SamplePointer, WorkChunk
-from zephon.compile import Plan
 from zephon.errors import ContractViolation
 from zephon.operators.base import Operator, OpStats
+from zephon.operators.replay import ReplayView
+from zephon.plan.compile import Plan
+from zephon.plan.read import ChunkRecords
 from zephon.records import Contributor, FlushSentinel, Record, Tombstone
-from zephon.stages.base import ReplayView
-from zephon.stages.read import ChunkRecords
 
 if TYPE_CHECKING:
     from zephon.operators.fetch import Fetch
@@ -100,7 +100,7 @@ class ChainRunner:
     """Runs ``plan``'s head and steps over fresh copies of its operators.
 
     Args:
-        plan: the compiled plan (:func:`~zephon.compile.compile_plan`).
+        plan: the compiled plan (:func:`~zephon.plan.compile.compile_plan`).
         pool: threads for the stateless operators that ask for them.
     """
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from zephon.compile import Plan
+from zephon.plan.compile import Plan
 from zephon.runners.base import LaneRun
 from zephon.runners.chain import ChainRunner, LaneOutput
 from zephon.runners.lanes import LaneOutputs

@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 
 from zephon.chunks import WorkChunk
+from zephon.operators.replay import ReplayFilter
 from zephon.records import FlushSentinel, LazyRecord, SampleCursor
-from zephon.replay import ReplayFilter
 from zephon.runners import wire
 from zephon.runners.chain import ChainRunner, LaneOutput
 from zephon.runners.faults import error_message, exit_code

@@ -2,7 +2,7 @@
 
 A pipeline that packs pre-tokenized documents straight from their files (``fetch``,
 ``split`` and ``pack`` fused into one stage, the plan's choice: see
-:attr:`~zephon.compile.Plan.spans`) reads each document as a :data:`Span`: the mapped
+:attr:`~zephon.plan.compile.Plan.spans`) reads each document as a :data:`Span`: the mapped
 file's array and the document's first and end token. Split cuts a long one into spans of
 the same array, pack places them by length, and the row writer copies each straight from
 the file into its row of the batch, widened to int32 as ``astype(np.int32)`` widens: one

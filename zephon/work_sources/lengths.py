@@ -41,7 +41,7 @@ from zephon.sources._fs import is_url
 from zephon.sources.identity import array_sample, dataset_identity, short_digest
 from zephon.sources.index_cache import cache_dir
 from zephon.sources.reading import read_many
-from zephon.tokenizers import ByteTokenizer
+from zephon.tokenizers.base import ByteTokenizer
 
 __all__ = [
     "ComponentLengths",

@@ -1,4 +1,4 @@
-"""A packed row's assembly (zephon.operators.assembly): the row C writes is the row numpy
+"""A packed row's assembly (zephon.operators.pack.assembly): the row C writes is the row numpy
 makes, and the C function checks what it is given."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zephon.operators import assembly
-from zephon.operators.assembly import Piece, columns
-from zephon.operators.pack import Pack
+from zephon.operators.pack import assembly
+from zephon.operators.pack.assembly import Piece, columns
+from zephon.operators.pack.pack import Pack
 from zephon.records import Contributor
 
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import zephon as zp
-from zephon.operators.assembly import RowAssembler
-from zephon.operators.pack import Pack
+from zephon.operators.pack.assembly import RowAssembler
+from zephon.operators.pack.pack import Pack
 from zephon.records import Contributor, LazyRecord, Record, SampleCursor
 from zephon.testing import assert_resumes_exactly, assert_resumes_through_breaks, take
 
@@ -174,7 +174,7 @@ def test_pack_validation() -> None:
 
 
 def test_a_seq_len_past_int32_positions_is_refused_at_construction() -> None:
-    from zephon.operators.pack import MAX_SEQ_LEN
+    from zephon.operators.pack.pack import MAX_SEQ_LEN
 
     assert MAX_SEQ_LEN == 2**31 - 1
     Pack(MAX_SEQ_LEN)  # the limit itself is fine: nothing is allocated before a row
@@ -379,7 +379,7 @@ def test_rows_written_into_the_batch_equal_rows_assembled_one_by_one(
 ) -> None:
     """batch writes packed rows straight into its arrays (``batch_layout``/``write_rows``);
     the same batches as each row assembled on its own and stacked: keys, order, dtypes."""
-    from zephon.operators.pack import PackedRow
+    from zephon.operators.pack.pack import PackedRow
 
     def build() -> zp.Pipeline:
         docs = [
@@ -398,7 +398,7 @@ def test_rows_written_into_the_batch_equal_rows_assembled_one_by_one(
             .batch(3)
         )
 
-    from zephon.operators.assembly import RowAssembler
+    from zephon.operators.pack.assembly import RowAssembler
 
     written = 0
     write_rows = RowAssembler.write_rows

@@ -9,8 +9,8 @@ import pytest
 
 import zephon as zp
 from zephon.errors import ContractViolation
-from zephon.operators.pack import Pack
-from zephon.operators.placement import place
+from zephon.operators.pack.pack import Pack
+from zephon.operators.pack.placement import place
 from zephon.records import Contributor, Record, SampleCursor
 from zephon.testing import assert_resumes_exactly, batches_equal, take
 

@@ -10,7 +10,7 @@ from zephon.chunks import SamplePointer
 from zephon.operators.tokenize import Tokenize
 from zephon.records import Contributor, Record
 from zephon.testing import assert_resumes_exactly, take
-from zephon.tokenizers import BYTE_OFFSET, EOS_ID
+from zephon.tokenizers.base import BYTE_OFFSET, EOS_ID
 
 
 def _record(data: object, comp: int = 1) -> Record:

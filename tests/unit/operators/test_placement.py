@@ -1,4 +1,4 @@
-"""The one placement function (zephon.operators.placement): its C and Python versions are
+"""The one placement function (zephon.operators.pack.placement): its C and Python versions are
 the same function, and it does what first fit and best fit say."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zephon.operators import placement
-from zephon.operators.placement import STRATEGIES, place
+from zephon.operators.pack import placement
+from zephon.operators.pack.placement import STRATEGIES, place
 
 
 def _python(strategy: str, fill, segments, lengths, cap: int, max_segments: int = 0):
@@ -198,7 +198,7 @@ def _bookkeeping(how, strategy: str, cap: int, held_lengths, lengths, max_segmen
     data=st.data(),
 )
 def test_pack_s_bookkeeping_in_c_and_python_agree(strategy: str, cap: int, bins: int, data) -> None:
-    from zephon.operators import bins as pack_bins
+    from zephon.operators.pack import bins as pack_bins
 
     assert pack_bins._NATIVE is not None, "zephon._pack is not built (native tests need it)"
     room = st.lists(st.integers(0, cap), max_size=3).filter(lambda h: sum(h) < cap)
@@ -214,7 +214,7 @@ def test_pack_s_bookkeeping_in_c_and_python_agree(strategy: str, cap: int, bins:
 
 
 def test_pack_s_bookkeeping_keeps_old_pieces_first_and_empties_emitted_bins() -> None:
-    from zephon.operators import bins as pack_bins
+    from zephon.operators.pack import bins as pack_bins
 
     # Bin 0 holds 6 of 10. The 5 fits only bin 1; the 4 fills bin 0, which is emptied; the
     # 6 starts bin 0 again; the 9 fits nowhere: the fullest bin (0, holding 6) is emptied

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import zephon as zp
-from zephon.cli import main
+from zephon.cli.main import main
 from zephon.errors import LengthIndexError
 from zephon.work_sources.lengths import (
     PARTIAL,

@@ -1,7 +1,8 @@
-"""The checks of a lane's checkpoint state, as :meth:`zephon.tracking.LaneTracker.load` reads
-it: its keys, counts, in-flight chunks and their pointers into the datasets, boundaries,
-replay cursor and ``ensure_mixture`` holds. Each check raises a CheckpointError that names
-what is malformed and shows the value.
+"""The checks of a lane's checkpoint state, as
+:meth:`zephon.tracking.tracker.LaneTracker.load` reads it: its keys, counts, in-flight chunks
+and their pointers into the datasets, boundaries, replay cursor and ``ensure_mixture``
+holds. Each check raises a CheckpointError that names what is malformed and shows the
+value.
 """
 
 from __future__ import annotations

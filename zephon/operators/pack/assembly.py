@@ -1,7 +1,7 @@
 """What pack's rows are made of: a row assembled from the pieces of an emptied bin.
 
-:mod:`~zephon.operators.placement` decides where pieces go; this module makes the row of
-the pieces a bin held when :class:`~zephon.operators.pack.Pack` emptied it. A
+:mod:`~zephon.operators.pack.placement` decides where pieces go; this module makes the row of
+the pieces a bin held when :class:`~zephon.operators.pack.pack.Pack` emptied it. A
 :class:`RowAssembler`, built once from pack's options, lays each packed feature's pieces
 one after another and pads the rest of ``seq_len``; segment ids (from 1, 0 marks padding)
 and positions go with every packed feature, meta features and broadcast fields (one number

@@ -19,7 +19,7 @@ def demo(args: argparse.Namespace) -> int:
 
 def inspect(args: argparse.Namespace) -> int:
     import zephon as zp
-    from zephon.inspect import describe
+    from zephon.cli.inspect import describe
 
     try:
         text = describe(args.path, as_json=args.json)
@@ -190,7 +190,3 @@ def _main(argv: list[str] | None) -> int:
     )
     args = parser.parse_args(argv)
     return int(args.fn(args))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

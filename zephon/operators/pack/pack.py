@@ -6,7 +6,7 @@ Emits ``{f, f_segment_ids, f_positions}`` per packed feature (Grain's naming), p
 ids start at 1 and 0 marks padding. Meta features (and broadcast scalar fields) are packed
 alongside, without segment ids or positions; ``component_feature`` gives each token's
 mixture component. Where a piece goes is decided by
-:func:`~zephon.operators.placement.place` over the bins' token and piece counts alone (one
+:func:`~zephon.operators.pack.placement.place` over the bins' token and piece counts alone (one
 seam for every strategy): with first fit and best fit a bin is emitted when it becomes full
 (``seq_len`` tokens or ``max_segments`` pieces), or when a piece fits nowhere (then the
 fullest bin goes, lowest index on ties); concat-then-split keeps one row and cuts the
@@ -22,9 +22,9 @@ batches follows what the work source dealt. Waiting rows are lane state like the
 (rebuilt by replay, never saved) and leave by the next flush at the latest.
 
 A packed record is assembled when its data is first read (by
-:mod:`~zephon.operators.assembly`, the counterpart of placement): one that the replay filter
+:mod:`~zephon.operators.pack.assembly`, the counterpart of placement): one that the replay filter
 drops after a restore never is, and a piece whose arrays are lazy (see
-:class:`~zephon.stages.split_pack.SplitPack`) makes its tokens only then.
+:class:`~zephon.operators.pack.fused.SplitPack`) makes its tokens only then.
 """
 
 from __future__ import annotations
@@ -37,10 +37,10 @@ from typing import Any
 import numpy as np
 
 from zephon.errors import ContractViolation
-from zephon.operators.assembly import _SCALARS, PackedRow, Piece, RowAssembler
 from zephon.operators.base import LaneStateOperator, OpTraits, Output, PipelineContext, data_text
-from zephon.operators.bins import Bins, bin_rows, compact, grouped, rows_of
-from zephon.operators.placement import CONCAT_THEN_SPLIT, STRATEGIES, place
+from zephon.operators.pack.assembly import _SCALARS, PackedRow, Piece, RowAssembler
+from zephon.operators.pack.bins import Bins, bin_rows, compact, grouped, rows_of
+from zephon.operators.pack.placement import CONCAT_THEN_SPLIT, STRATEGIES, place
 from zephon.operators.split import cut_bounds
 from zephon.records import Contributor, Record
 
@@ -184,7 +184,7 @@ class Pack(LaneStateOperator):
 
     @property
     def fusable(self) -> bool:
-        """Whether :class:`~zephon.stages.split_pack.SplitPack` may stand for ``split`` and
+        """Whether :class:`~zephon.operators.pack.fused.SplitPack` may stand for ``split`` and
         this pack: one packed feature, ``"tokens"``, and pieces that are never cut."""
         return self.features == ("tokens",) and len(self.columns) == 1 and not self._cuts
 

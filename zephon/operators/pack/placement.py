@@ -16,7 +16,7 @@ the piece fits nowhere, and whether the piece's bin is then full:
 When no bin has room (the fit strategies), the fullest bin (the lowest on ties) is emptied
 and the piece starts it again. A bin is full at ``cap`` tokens, or at ``max_segments``
 pieces when that is > 0; a full bin is emptied right away. What a bin holds and what an emptied bin becomes is up to
-the caller (:class:`~zephon.operators.pack.Pack`): this module only decides, and says it
+the caller (:class:`~zephon.operators.pack.pack.Pack`): this module only decides, and says it
 in a form the caller can act on without a step per piece: what a bin holds between two
 emptyings is an *instance*, numbered ``s * num_bins + b`` for the ``s``-th filling of bin
 ``b`` in the call (``s = 0``: what the bin held when the call began); each piece's

@@ -1,6 +1,6 @@
 """Pack's bins: what a lane's open bins hold, and the bookkeeping around placement.
 
-:func:`~zephon.operators.placement.place` decides from the bins' token and piece counts
+:func:`~zephon.operators.pack.placement.place` decides from the bins' token and piece counts
 alone where each piece goes (an *instance* of a bin: see that module); :func:`bin_rows`
 then moves the pieces: each emptied instance's pieces (what the bin held before the call,
 then this call's, in order) become a row, and each bin ends with its last instance's.
@@ -15,7 +15,7 @@ from collections.abc import Callable
 import numpy as np
 
 from zephon._native import load
-from zephon.operators.assembly import Piece
+from zephon.operators.pack.assembly import Piece
 
 _NATIVE = load("_pack")  # bin_rows in C
 

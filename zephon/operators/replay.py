@@ -10,7 +10,8 @@ tombstone so its offsets close and its chunk can be evicted.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from zephon.errors import CheckpointError
 from zephon.operators.base import Operator, OpTraits, Output
@@ -102,3 +103,16 @@ class ReplayFilter(Operator):
 
     def __repr__(self) -> str:
         return f"ReplayFilter(name={self.name!r})"
+
+
+class ReplayView:
+    """Which lanes are replaying towards a restore's target: read-only, for a stage that
+    can replay more cheaply (by length); only the replay filter drops records."""
+
+    __slots__ = ("_targets",)
+
+    def __init__(self, targets: Mapping[int, Any]) -> None:
+        self._targets = targets
+
+    def replaying(self, lane: int) -> bool:
+        return lane in self._targets

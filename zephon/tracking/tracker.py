@@ -11,7 +11,7 @@ are closed, and evicts chunks whose every derived sample has been delivered:
 
 Offsets close when the number of delivered children reaches the total that
 ``is_last_child`` revealed; children may arrive in any order. The checks of a lane state
-being loaded are in :mod:`zephon.lane_checks`.
+being loaded are in :mod:`zephon.tracking.checks`.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from typing import Any
 from zephon._native import load
 from zephon.chunks import WorkChunk
 from zephon.errors import CheckpointError
-from zephon.lane_checks import (
+from zephon.records import Contributor, FlushSentinel, SampleCursor
+from zephon.tracking.checks import (
     HELD,
     LANE_KEYS,
     check_pointers,
@@ -37,7 +38,6 @@ from zephon.lane_checks import (
     checked_keys,
     shown,
 )
-from zephon.records import Contributor, FlushSentinel, SampleCursor
 
 _NATIVE = load("_track")  # ChunkTrack.add_run in C, for chunks of up to 64 samples
 

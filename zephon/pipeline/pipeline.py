@@ -7,11 +7,11 @@ Builder methods return a new Pipeline; nothing runs until the first ``next()`` (
 freshly built, identical pipeline continues exactly where the checkpoint was taken.
 
 This module is the running half of that surface and its documentation; the builder
-methods, with their checks and user docs, are inherited from :mod:`zephon.building`. The
-Pipeline delegates the rest: its arguments' checks to :mod:`zephon.options`, the plan to
-:mod:`zephon.compile`, the fingerprint to :mod:`zephon._fingerprint`, the engine and the
-checkpoint round to :mod:`zephon.running`, the state's schema to
-:mod:`zephon.checkpoint.state` and restore's checks to :mod:`zephon.restoring`.
+methods, with their checks and user docs, are inherited from :mod:`zephon.pipeline.building`. The
+Pipeline delegates the rest: its arguments' checks to :mod:`zephon.pipeline.options`, the plan to
+:mod:`zephon.plan.compile`, the fingerprint to :mod:`zephon._fingerprint`, the engine and the
+checkpoint round to :mod:`zephon.pipeline.running`, the state's schema to
+:mod:`zephon.checkpoint.state` and restore's checks to :mod:`zephon.pipeline.restoring`.
 """
 
 from __future__ import annotations
@@ -22,23 +22,23 @@ from typing import Any, Literal, Self
 import msgpack
 
 from zephon._fingerprint import pipeline_fingerprints
-from zephon.building import ChainBuilder
 from zephon.checkpoint.state import build_state, check_header, state_step
-from zephon.collector import PROMOTE_LANES, collector_paused
-from zephon.compile import Plan, compile_pipeline, explain
-from zephon.engine import Engine, closed_error
 from zephon.errors import CheckpointError, DroppedRecordsWarning, PipelineEndedError
 from zephon.operators.base import Operator
-from zephon.options import (  # the defaults and auto_workers stay importable from here
+from zephon.pipeline.building import ChainBuilder
+from zephon.pipeline.collector import PROMOTE_LANES, collector_paused
+from zephon.pipeline.engine import Engine, closed_error
+from zephon.pipeline.options import (  # the defaults and auto_workers stay importable from here
     AUTO_WORKERS_MAX,
     DEFAULT_PREFETCH,
     DEFAULT_RING_SLOTS,
     auto_workers,
     checked_options,
 )
-from zephon.restoring import plan_restore
+from zephon.pipeline.restoring import plan_restore
+from zephon.pipeline.running import open_aggregator, skipped_records, start_engine
+from zephon.plan.compile import Plan, compile_pipeline, explain
 from zephon.runners.lanes import INTERLEAVE
-from zephon.running import open_aggregator, skipped_records, start_engine
 from zephon.topology import Topology
 from zephon.work_sources.mixture_change import (
     MixtureChange,
@@ -313,7 +313,7 @@ class Pipeline(ChainBuilder):
         topo = self._topology
         engine = self._get_engine()
         # An acyclic value of thousands of dicts; with thousands of lanes, what waits in
-        # their bins is promoted unscanned (see zephon.collector).
+        # their bins is promoted unscanned (see zephon.pipeline.collector).
         with collector_paused(promote=len(engine.lanes) >= PROMOTE_LANES):
             return build_state(
                 self.fingerprint(),

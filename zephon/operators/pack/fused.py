@@ -7,10 +7,10 @@ way. The records that leave are the ones the operators would emit one after the 
 same data, contributors, mix and order (tests compare the two).
 
 A lane that is replaying after a restore (the plan gives the stage a read-only
-:class:`~zephon.stages.base.ReplayView`), with a tokenizer that can count its tokens
+:class:`~zephon.plan.steps.ReplayView`), with a tokenizer that can count its tokens
 (``count_tokens``), is placed by its samples' lengths alone: each piece's tokens are made
 when its bin is assembled, so the bins the replay filter drops never tokenize anything.
-Where the plan says so (:attr:`~zephon.compile.Plan.hold_text`: one process running
+Where the plan says so (:attr:`~zephon.plan.compile.Plan.hold_text`: one process running
 thousands of lanes), every lane is placed that way and a sample's tokens are made for its
 piece's row and not kept: what waits in a lane's bins and rows is the samples' text.
 
@@ -29,14 +29,14 @@ import numpy as np
 
 from zephon._native import load
 from zephon.chunks import WorkChunk
-from zephon.operators.assembly import Piece
 from zephon.operators.base import OpStats, OpTraits, Output
-from zephon.operators.pack import Pack
+from zephon.operators.pack.assembly import Piece
+from zephon.operators.pack.pack import Pack
+from zephon.operators.replay import ReplayView
 from zephon.operators.split import Split, cut_bounds
 from zephon.operators.tokenize import Tokenize
 from zephon.records import Contributor, FlushSentinel, Record, whole_samples
 from zephon.sources.token_span import NATIVE_SPAN, Span
-from zephon.stages.base import ReplayView
 
 _INT32 = np.dtype(np.int32)
 #: ``zephon._pack.split_pieces``: a pre-tokenized run's pieces in one call, where it is built.
@@ -49,7 +49,7 @@ def fusable(ops: list[Any], i: int, threaded: bool) -> int:
     """How many operators from ``ops[i]`` on a :class:`SplitPack` stands for: 3 for a
     built-in ``tokenize, split, pack``, 2 for ``split, pack``, both on ``"tokens"`` alone
     (no meta features or broadcast fields) with a strategy that never cuts a piece
-    (:attr:`~zephon.operators.pack.Pack.fusable`); else 0. Every other option of pack
+    (:attr:`~zephon.operators.pack.pack.Pack.fusable`); else 0. Every other option of pack
     (strategy, ``max_segments``, pad values, BOS, component feature) lives in its placement
     and assembly, which the stage calls as they are.
 

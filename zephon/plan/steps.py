@@ -1,8 +1,7 @@
-"""A step of a plan, and the read-only view of the replay that a step may be given."""
+"""A step of a plan: one operator, or a stage that stands for several."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,16 +32,3 @@ class Step:
 
 def operator_step(op: Operator, index: int) -> Step:
     return Step(op, (index,), op.name)
-
-
-class ReplayView:
-    """Which lanes are replaying towards a restore's target: read-only, for a stage that
-    can replay more cheaply (by length); only the replay filter drops records."""
-
-    __slots__ = ("_targets",)
-
-    def __init__(self, targets: Mapping[int, Any]) -> None:
-        self._targets = targets
-
-    def replaying(self, lane: int) -> bool:
-        return lane in self._targets

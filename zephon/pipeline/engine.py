@@ -1,7 +1,7 @@
 """The per-rank engine: lanes' trackers, the producer, the prefetch pump and delivery.
 
 One engine per rank owns the work sources, the in-flight sets, completion tracking,
-eviction and the replay cursors (all in :class:`~zephon.tracking.LaneTracker`). It sees
+eviction and the replay cursors (all in :class:`~zephon.tracking.tracker.LaneTracker`). It sees
 chunks going out and outputs coming back; the operators run in an executor (here, in this
 process; with ``workers`` > 0, in worker processes).
 
@@ -22,12 +22,12 @@ from typing import Any
 
 import numpy as np
 
-from zephon.compile import Plan
 from zephon.errors import CheckpointError, DataStallWarning, PipelineClosedError
+from zephon.plan.compile import Plan
 from zephon.runners.base import Executor, LaneRun
 from zephon.runners.chain import LaneCounts, LaneOutput
 from zephon.runners.lanes import schedule
-from zephon.tracking import LaneTracker
+from zephon.tracking.tracker import LaneTracker
 
 _DONE = object()
 _POLL_S = 0.1

@@ -15,8 +15,8 @@ from zephon._fingerprint import describe_differences, expand_parts
 from zephon.checkpoint.share import Share
 from zephon.checkpoint.state import FINGERPRINT_PARTS, check_header, checked_layout
 from zephon.errors import CheckpointError
-from zephon.lane_checks import HELD, checked_holds
 from zephon.operators.ensure_mixture import EnsureMixture
+from zephon.tracking.checks import HELD, checked_holds
 from zephon.work_sources.mixture_change import (
     MixtureChange,
     check_inflight,

@@ -6,10 +6,10 @@ pipeline they were called on is left as it was. Their docstrings are the operato
 documentation (the operator classes in :mod:`zephon.operators` keep theirs short).
 
 :class:`ChainBuilder` knows only the chain (``_ops``). Running it (compiling, iterating,
-checkpointing) is :mod:`zephon.pipeline`'s: ``Pipeline`` inherits these methods and, through
-:meth:`ChainBuilder._extended`, clears on each new pipeline what it derived from the old
-chain. Nothing here imports :mod:`zephon.pipeline`; the methods return ``Self``, which is
-``Pipeline`` for a ``Pipeline``.
+checkpointing) is :mod:`zephon.pipeline.pipeline`'s: ``Pipeline`` inherits these methods
+and, through :meth:`ChainBuilder._extended`, clears on each new pipeline what it derived
+from the old chain. Nothing here imports :mod:`zephon.pipeline.pipeline`; the methods
+return ``Self``, which is ``Pipeline`` for a ``Pipeline``.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from zephon.operators.fetch import Fetch
 from zephon.operators.filter import Filter
 from zephon.operators.lm import LmTargets, TrimOrPad
 from zephon.operators.map import Map
-from zephon.operators.pack import Pack
+from zephon.operators.pack.pack import Pack
 from zephon.operators.random_map import RandomMap
 from zephon.operators.shuffle import Shuffle
 from zephon.operators.split import Split

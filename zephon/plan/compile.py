@@ -11,7 +11,7 @@ The compiler decides from the operators' traits:
 and what the runners execute (:meth:`Plan.build`): a head that turns a work chunk into
 records (reading its samples when the pipeline starts with a built-in ``fetch`` on one
 thread) and one step per operator, except where ``[tokenize ->] split -> pack`` on
-``"tokens"`` run as one fused stage (:class:`~zephon.stages.split_pack.SplitPack`), which
+``"tokens"`` run as one fused stage (:class:`~zephon.operators.pack.fused.SplitPack`), which
 the replay filter lets know which lanes are replaying; when that stage takes the head's
 pre-tokenized samples, the head reads documents of token files as spans of the mapped
 files (:attr:`Plan.spans`). ``explain()`` prints exactly that.
@@ -27,11 +27,11 @@ from typing import Any
 from zephon.operators.base import Operator, PipelineContext
 from zephon.operators.batch import Batch
 from zephon.operators.fetch import Fetch
-from zephon.replay import ReplayFilter
-from zephon.stages.base import ReplayView, Step, operator_step
-from zephon.stages.read import ReadChunks
-from zephon.stages.split_pack import SplitPack, fusable
-from zephon.tracking import EPOCH, MONOTONE
+from zephon.operators.pack.fused import SplitPack, fusable
+from zephon.operators.replay import ReplayFilter, ReplayView
+from zephon.plan.read import ReadChunks
+from zephon.plan.steps import Step, operator_step
+from zephon.tracking.tracker import EPOCH, MONOTONE
 
 DEFAULT_FLUSH_EVERY_K_CHUNKS = 4
 MICROBATCHES = "microbatches"

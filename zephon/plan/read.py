@@ -6,7 +6,7 @@ counted as having run; otherwise the records carry sample pointers and the steps
 the first operator. The records are made when they are taken (:class:`ChunkRecords`), so a
 lane that runs its chunk in steps keeps the samples, not a record per sample.
 
-With ``spans`` (the plan's choice: :attr:`~zephon.compile.Plan.spans`) a dataset that
+With ``spans`` (the plan's choice: :attr:`~zephon.plan.compile.Plan.spans`) a dataset that
 offers token spans gives them instead of samples: a token file's documents as spans of the
 mapped file, for the fused split-pack stage that takes them.
 

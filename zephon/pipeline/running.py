@@ -1,6 +1,6 @@
 """The running side of a :class:`~zephon.Pipeline`: what it delegates to once it runs.
 
-* :func:`start_engine`: the per-rank :class:`~zephon.engine.Engine` over the compiled
+* :func:`start_engine`: the per-rank :class:`~zephon.pipeline.engine.Engine` over the compiled
   plan, with a lane tracker per lane this rank owns and the executor that makes the
   batches (in this process, or in worker processes with ``workers``);
 * :func:`open_aggregator`: this rank's side of the multi-rank checkpoint rounds (see
@@ -14,15 +14,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from zephon.checkpoint.state import lanes_of_rank, merge_states
-from zephon.engine import Engine
+from zephon.pipeline.engine import Engine
 from zephon.runners.local import LocalExecutor
 from zephon.runners.processes import ProcessExecutor
-from zephon.tracking import LaneTracker
+from zephon.tracking.tracker import LaneTracker
 
 if TYPE_CHECKING:
     from zephon.checkpoint.aggregate import Aggregator
-    from zephon.compile import Plan
-    from zephon.options import Options
+    from zephon.pipeline.options import Options
+    from zephon.plan.compile import Plan
 
 
 def start_engine(plan: Plan, source: Any, opts: Options) -> Engine:

@@ -1,0 +1,1 @@
+"""The ``zephon`` command: ``demo``, ``lengths``, ``inspect`` (:mod:`~zephon.cli.inspect`)."""
