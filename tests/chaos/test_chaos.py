@@ -13,9 +13,10 @@ from tests.etcd_server import find_etcd_binary, require_etcd3gw
 
 pytestmark = [pytest.mark.chaos, pytest.mark.stores]
 
-#: Seconds of faults per store (the suite's share of the harness's time: about a minute
-#: a store with the checks).
-SECONDS = float(os.environ.get("ZEPHON_CHAOS_SECONDS", "40"))
+#: Seconds of faults per store (the suite's share of the harness's time: about 40 s a store
+#: with the checks; ``python -m benchmarks.chaos`` runs it for minutes). A fault lands about
+#: every 4-5 s (one to three rounds faulted each), so 30 s gives 6 or more.
+SECONDS = float(os.environ.get("ZEPHON_CHAOS_SECONDS", "30"))
 
 
 def _check(report: dict) -> None:
@@ -28,8 +29,8 @@ def _check(report: dict) -> None:
     # The run did something: rounds committed, files were checked, faults landed in rounds.
     assert report["rounds_ok"] >= 5, summary
     assert report["files"] >= 5, summary
-    assert report["faulted_rounds"] >= 5, summary
-    assert sum(report["faults"].values()) >= 8, summary
+    assert report["faulted_rounds"] >= 4, summary
+    assert sum(report["faults"].values()) >= 5, summary
 
 
 def test_chaos_over_a_directory(tmp_path):
