@@ -6,16 +6,16 @@ from __future__ import annotations
 
 import os
 
-from zephon.checkpoint.stores.base import Store
+from zephon.checkpoint.stores.base import BaseStore
 
 
-def check_protocol(store: Store) -> None:
-    assert isinstance(store, Store), f"{type(store).__name__} does not satisfy Store"
+def check_protocol(store: BaseStore) -> None:
+    assert isinstance(store, BaseStore), f"{type(store).__name__} is not a BaseStore"
     assert 0 < store.poll_interval_s <= 0.1, store.poll_interval_s
     assert store.describe(), "describe() must name the store"
 
 
-def check_put_get_delete(store: Store, p: str) -> None:
+def check_put_get_delete(store: BaseStore, p: str) -> None:
     assert store.get(f"{p}absent") is None
     store.delete(f"{p}absent")  # absent is fine
 
@@ -41,7 +41,7 @@ def check_put_get_delete(store: Store, p: str) -> None:
     store.delete(f"{p}round/process_0-of-2")
 
 
-def check_large_values(store: Store, p: str, size: int) -> None:
+def check_large_values(store: BaseStore, p: str, size: int) -> None:
     big = os.urandom(size)
     store.put(f"{p}big", big)
     assert store.get(f"{p}big") == big
@@ -56,7 +56,7 @@ def check_large_values(store: Store, p: str, size: int) -> None:
     assert store.get(f"{p}big") is None
 
 
-def check_plain_keep_alive(store: Store, p: str) -> None:
+def check_plain_keep_alive(store: BaseStore, p: str) -> None:
     """Backends without leases: the key is there until stop() deletes it."""
     handle = store.keep_alive(f"{p}leader", b"alive", 2.0)
     assert store.get(f"{p}leader") == b"alive"

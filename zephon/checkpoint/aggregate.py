@@ -19,7 +19,7 @@ from zephon.checkpoint.rounds.leader import Leader
 from zephon.checkpoint.rounds.stats import RoundStats
 from zephon.checkpoint.share import SHARE_KEY
 from zephon.checkpoint.state import STEP
-from zephon.checkpoint.stores import Store, open_store
+from zephon.checkpoint.stores import BaseStore, check_store, open_store
 from zephon.errors import AggregationError
 
 __all__ = ["LEADER_RANK", "SHARE_KEY", "Aggregator", "Keys", "RoundStats", "open_store"]
@@ -46,7 +46,9 @@ class Aggregator:
     """One rank's side of the multi-rank checkpoint round.
 
     Args:
-        store: the shared store; every rank opens its own on the same location.
+        store: the shared store; every rank opens its own on the same location. A
+            :class:`~zephon.checkpoint.stores.base.BaseStore` (one of ``open_store``'s, or
+            a subclass of your own: see :mod:`zephon.checkpoint.stores.base`).
         rank, world_size: this process's global rank; rank 0 leads.
         timeout_s: the budget for a whole :meth:`round`, not per wait.
         expected_lanes: rank -> the lanes that rank must report (its whole DP group's), by
@@ -69,7 +71,7 @@ class Aggregator:
 
     def __init__(
         self,
-        store: Store,
+        store: BaseStore,
         *,
         rank: int,
         world_size: int,
@@ -83,6 +85,7 @@ class Aggregator:
         log: logging.Logger | None = None,
         own_store: bool = True,
     ) -> None:
+        check_store(store, "Aggregator's store")
         if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
             raise ValueError(f"world_size must be an int >= 1; got {world_size!r}")
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
@@ -130,10 +133,6 @@ class Aggregator:
             f" timeout_s={self.timeout_s:g}, job_id={self.job_id!r},"
             f" store={self.store.describe()!r})"
         )
-
-    @property
-    def is_leader(self) -> bool:
-        return self.rank == LEADER_RANK
 
     @property
     def keys(self) -> Keys:

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from tests.unit.checkpoint._stores import Wrapped
 from tests.unit.checkpoint.test_aggregate_round import (
     JOB,
     KEYS,
@@ -105,11 +106,11 @@ def test_two_jobs_or_two_pipelines_on_one_location_never_mix(local, ids_a, ids_b
     assert local.files(root) == []
 
 
-class _Rewrite:
+class _Rewrite(Wrapped):
     """A store whose state records come out with another job id or fingerprint."""
 
     def __init__(self, inner: Any, **fields: Any) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self._fields = fields
 
     def create(self, key, value, *, fence=None):
@@ -118,9 +119,6 @@ class _Rewrite:
             rec.update(self._fields)
             value = encode(**rec)
         return self._inner.create(key, value, fence=fence)
-
-    def __getattr__(self, name):
-        return getattr(self._inner, name)
 
 
 @pytest.mark.parametrize(
@@ -256,17 +254,11 @@ def test_a_stale_leader_that_never_noticed_its_pause_finds_the_followers_abort(l
     close_all(aggs)
 
 
-class _BlindToDecisions:
+class _BlindToDecisions(Wrapped):
     """A follower store that never sees the round's decision while it waits."""
-
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
 
     def get(self, key):
         return None if ".c.d." in key else self._inner.get(key)
-
-    def __getattr__(self, name):
-        return getattr(self._inner, name)
 
 
 def test_a_follower_giving_up_after_the_commit_takes_the_commit(local):
@@ -303,12 +295,12 @@ class _Disk:
             raise OSError(errno.ENOSPC, "No space left on device", key)
 
 
-class _OnDisk:
+class _OnDisk(Wrapped):
     """A DirectoryStore whose writes go through a _Disk (deletes always work unless
     denied; reads always work)."""
 
     def __init__(self, inner: DirectoryStore, disk: _Disk, fill_after: str | None = None):
-        self._inner = inner
+        super().__init__(inner)
         self._disk = disk
         self._fill_after = fill_after
 
@@ -334,9 +326,6 @@ class _OnDisk:
         if self._disk.denied:
             raise PermissionError(errno.EACCES, "Permission denied", key)
         self._inner.delete(key)
-
-    def __getattr__(self, name):
-        return getattr(self._inner, name)
 
 
 def test_a_follower_that_cannot_write_its_state_ends_the_round_at_once(local):

@@ -20,6 +20,7 @@ from typing import Any
 import fsspec
 import pytest
 
+from tests.unit.checkpoint._stores import Wrapped
 from zephon.checkpoint.aggregate import SHARE_KEY, Aggregator
 from zephon.checkpoint.rounds.context import read_decision
 from zephon.checkpoint.rounds.keys import STATE, Announcement, Keys, encode
@@ -375,19 +376,13 @@ def test_a_followers_share_saves_and_restores_as_the_merged_state(local, tmp_pat
     close_all(aggs)
 
 
-class _DropAcks:
+class _DropAcks(Wrapped):
     """A store whose acks vanish (a follower acknowledges by writing ``a.<round>.<rank>``):
     the rank read the result, then died before acking."""
-
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
 
     def put(self, key, value, **kw):
         if ".a." not in key:
             self._inner.put(key, value, **kw)
-
-    def __getattr__(self, name):
-        return getattr(self._inner, name)
 
 
 def test_unacknowledged_result_stays_until_a_later_round_is_acknowledged(local, caplog):
@@ -871,23 +866,21 @@ def test_leader_logs_are_prefixed_with_the_rank(local, caplog):
     close_all(aggs)
 
 
-class _LateAnnouncement:
+class _LateAnnouncement(Wrapped):
     """A leader's store whose next write of the announcement fails on the client side but
     is applied later (what etcd does with requests queued while it was stalled): the
     write is kept in ``late`` for the test to apply."""
 
     def __init__(self, store: DirectoryStore) -> None:
-        self.store, self.fail, self.late = store, False, []
+        super().__init__(store)
+        self.fail, self.late = False, []
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.store, name)
-
-    def put(self, key: str, value: bytes) -> None:
+    def put(self, key: str, value: bytes, *, fence: Any = None) -> None:
         if self.fail and key == KEYS.round:
             self.fail = False
             self.late.append((key, value))
             raise TimeoutError("no answer within 0.5 s (the write is applied later)")
-        self.store.put(key, value)
+        self._inner.put(key, value, fence=fence)
 
 
 def test_a_follower_that_joins_a_round_its_leader_never_announced_takes_the_next(local):
@@ -921,11 +914,12 @@ def test_a_follower_that_joins_a_round_its_leader_never_announced_takes_the_next
     close_all(aggs)
 
 
-class _CountReads:
+class _CountReads(Wrapped):
     """A store that counts the keys it was asked to read."""
 
     def __init__(self, inner: Any, reads: list[str]) -> None:
-        self._inner, self._reads = inner, reads
+        super().__init__(inner)
+        self._reads = reads
 
     def get(self, key):
         self._reads.append(key)
@@ -934,9 +928,6 @@ class _CountReads:
     def get_many(self, keys):
         self._reads.extend(keys)
         return [self._inner.get(k) for k in keys]
-
-    def __getattr__(self, name):
-        return getattr(self._inner, name)
 
 
 def test_the_leader_reads_each_state_once_and_no_acknowledgement(roots):

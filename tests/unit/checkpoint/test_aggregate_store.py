@@ -11,7 +11,7 @@ import fsspec
 import pytest
 
 from zephon.checkpoint.aggregate import open_store
-from zephon.checkpoint.stores import DirectoryStore, StaleRoundError, Store
+from zephon.checkpoint.stores import BaseStore, DirectoryStore, StaleRoundError
 from zephon.errors import AggregationError
 
 
@@ -30,7 +30,7 @@ def store(request, tmp_path):
 
 
 def test_is_a_store(store):
-    assert isinstance(store, Store)
+    assert isinstance(store, BaseStore)
     assert store.poll_interval_s > 0
     assert store.poll_max_interval_s >= store.poll_interval_s
 

@@ -1,7 +1,7 @@
 """Multi-rank checkpoint rounds: every rank's state merged through a shared store.
 
 The leader/follower round of the seed page ("Multi-rank aggregation"), over any
-:class:`~zephon.checkpoint.stores.base.Store`, at any world size. The leader is global
+:class:`~zephon.checkpoint.stores.base.BaseStore`, at any world size. The leader is global
 rank 0. The entry point is :class:`zephon.checkpoint.aggregate.Aggregator`; this package
 holds its parts: ``keys`` (where everything lives, what the records hold), ``job`` (the job
 id), ``holder`` (each rank's liveness key, taken over from a dead holder), ``wait`` (one

@@ -12,7 +12,7 @@ from typing import Any
 
 from zephon.checkpoint.rounds.keys import ABORT, COMMIT, Keys, decode, encode
 from zephon.checkpoint.rounds.wait import open_watch
-from zephon.checkpoint.stores.base import counters_of
+from zephon.checkpoint.stores.base import BaseStore, PrefixWatch
 
 __all__ = ["Decision", "RoundContext"]
 
@@ -54,7 +54,7 @@ class RoundContext:
 
     def __init__(
         self,
-        store: Any,
+        store: BaseStore,
         *,
         rank: int,
         world_size: int,
@@ -82,10 +82,9 @@ class RoundContext:
         self.probe_after_s = probe_after_s
         self.p = f"[rank={rank}]"
         self.keys = Keys(job_id, fingerprint)
-        self._watch: Any = None
+        self._watch: PrefixWatch | None = None
         self._watch_prefix: str | None = None
-        with contextlib.suppress(AttributeError):
-            store.log_prefix = f"{self.p} "
+        store.log_prefix = f"{self.p} "
 
     @property
     def where(self) -> str:
@@ -105,7 +104,7 @@ class RoundContext:
         fp = self.fingerprint[:12] + "…" if len(self.fingerprint) > 12 else self.fingerprint
         return f"job {self.job_id!r} (from {self.job_source}), pipeline {fp or '(none)'}"
 
-    def watch(self, prefix: str) -> Any:
+    def watch(self, prefix: str) -> PrefixWatch | None:
         """This rank's watch of ``prefix`` (opened once, kept until close), or None."""
         if self._watch is None or self._watch_prefix != prefix:
             if self._watch is not None:
@@ -122,7 +121,7 @@ class RoundContext:
             self._watch = None
 
     def counters(self) -> dict[str, int]:
-        return counters_of(self.store)
+        return self.store.counters.snapshot()
 
     def record(self, kind: str, rid: str, **fields: Any) -> bytes:
         """A record of round ``rid`` of this job and pipeline: the ids, then ``fields``."""
@@ -251,14 +250,9 @@ class RoundContext:
             self.log.warning("%s could not delete %r in %s: %s", self.p, key, self.where, e)
 
     def delete_prefix_quietly(self, prefix: str, keys: list[str]) -> None:
-        """Remove ``prefix`` in one request where the store can, else ``keys`` one by one."""
-        delete_prefix = getattr(self.store, "delete_prefix", None)
-        if callable(delete_prefix):
-            try:
-                delete_prefix(prefix)
-                return
-            except Exception as e:  # noqa: BLE001
-                self.log.warning("%s could not delete %r* in %s: %s", self.p, prefix, self.where, e)
-                return
-        for key in keys:
-            self.delete_quietly(key)
+        """Remove ``prefix`` (in one request where the store can; ``keys`` are those a store
+        that cannot list deletes)."""
+        try:
+            self.store.delete_prefix(prefix, keys)
+        except Exception as e:  # noqa: BLE001 - cleanup must not mask the round's outcome
+            self.log.warning("%s could not delete %r* in %s: %s", self.p, prefix, self.where, e)

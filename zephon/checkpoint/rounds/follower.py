@@ -20,6 +20,7 @@ from zephon.checkpoint.rounds.merged import share_of
 from zephon.checkpoint.rounds.stats import RoundStats, round_stats
 from zephon.checkpoint.rounds.wait import ControlView, Deadline
 from zephon.checkpoint.share import SHARE_KEY
+from zephon.checkpoint.stores.base import KeepAlive
 from zephon.errors import AggregationError, CheckpointError
 
 __all__ = ["Follower", "SHARE_KEY"]
@@ -82,8 +83,20 @@ class _Reads:
         except Exception as e:  # noqa: BLE001
             raise _StoreHiccup(f"{type(e).__name__}: {e}") from e
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.view, name)
+    @property
+    def deadline(self) -> Deadline:
+        return self.view.deadline
+
+    @property
+    def pushed(self) -> bool:
+        return self.view.pushed
+
+    @property
+    def interval_s(self) -> float:
+        return self.view.interval_s
+
+    def sleep(self) -> bool:
+        return self.view.sleep()
 
 
 class _Polling:
@@ -110,7 +123,7 @@ class Follower:
     def __init__(self, ctx: RoundContext) -> None:
         self.ctx = ctx
         self.session = uuid.uuid4().hex[:12]
-        self.lease: Any = None  # this rank's place (its key m.<rank>), held until close()
+        self.lease: KeepAlive | None = None  # this rank's place (its key m.<rank>), until close()
         self.last_round: tuple[str, int] | None = None
         self._ann_cache: tuple[bytes, Announcement | None] | None = None
         self.last: RoundStats | None = None
@@ -183,7 +196,7 @@ class Follower:
         the write (the round this rank joins then fails at once, as for its state);
         raises :class:`PlaceTakenError` for a place another live process holds."""
         ctx = self.ctx
-        if self.lease is not None and not getattr(self.lease, "lost", False):
+        if self.lease is not None and not self.lease.lost:
             return None
         if self.lease is not None:
             ctx.log.warning("%s this rank's liveness lease was lost; taking a new one", ctx.p)

@@ -21,12 +21,13 @@ Taking the key (:func:`take_place`) is exclusive. A key held by someone else is:
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
 import time
-from typing import Any
 
-from zephon.checkpoint.stores.base import KeyHeldError
+from zephon.checkpoint.rounds.wait import Deadline
+from zephon.checkpoint.stores.base import BaseStore, KeepAlive, KeyHeldError
 from zephon.errors import AggregationError
 
 __all__ = ["Holder", "PlaceTakenError", "holder_value", "take_place"]
@@ -95,17 +96,17 @@ class Holder:
 
 
 def take_place(
-    store: Any,
+    store: BaseStore,
     key: str,
     value: bytes,
     ttl_s: float,
-    deadline: Any,
+    deadline: Deadline,
     *,
     session: str,
     conflict: str,
-    log: Any = None,
+    log: logging.Logger | None = None,
     p: str = "",
-) -> Any:
+) -> KeepAlive:
     """Hold ``key`` (a liveness lease of ``ttl_s``) for this rank; returns the lease.
 
     ``conflict`` is the message for a key that another live process holds (it is followed

@@ -37,7 +37,7 @@ from zephon.checkpoint.rounds.wait import (
     PrefixFeed,
     await_written,
 )
-from zephon.checkpoint.stores.base import StaleRoundError
+from zephon.checkpoint.stores.base import KeepAlive, StaleRoundError
 from zephon.errors import AggregationError, CheckpointError
 
 __all__ = ["Leader"]
@@ -57,7 +57,7 @@ class Leader:
         self.session = uuid.uuid4().hex[:12]
         self.counter = 0
         self.kept: list[str] = []  # decision keys (commits, notices) not yet safe to delete
-        self.lease: Any = None  # the liveness key, held until close()
+        self.lease: KeepAlive | None = None  # the liveness key, held until close()
         self.failed: str | None = None  # the decision key of the last round, if it failed
         self.leftovers: set[str] = set()  # round ids whose states may still be stored
         self.replaced: set[tuple[str, int]] = set()  # earlier runs' rounds this one replaced
@@ -147,21 +147,16 @@ class Leader:
         self._clear_leftover_announcement(watch)
         self.announced = rid  # from here on the keys are this leader's to publish and remove
         self.leftovers.add(rid)
-        make_room = getattr(ctx.store, "make_room", None)
-        if callable(make_room) and n > 1:  # (the directory store: see make_room)
-            make_room([keys.states(rid), keys.acks(rid)])
-        announce_with = getattr(ctx.store, "announce_with", None)
+        if n > 1:
+            ctx.store.make_room([keys.states(rid), keys.acks(rid)])
         try:
-            if callable(announce_with):
-                # etcd: the generation, the announcement and the removal of commits that no
-                # rank needs any more (see _after_commit) in one request
-                fence = announce_with(
-                    keys.gen, rid.encode(), {keys.round: ann.encode()}, delete=self.deferred
-                )
-                self.deferred = []
-            else:
-                fence = ctx.store.announce(keys.gen, rid.encode())
-                ctx.store.put(keys.round, ann.encode())
+            # The generation, the announcement and the removal of commits that no rank
+            # needs any more (see _after_commit): one request where the store has
+            # transactions (etcd)
+            fence = ctx.store.announce_with(
+                keys.gen, rid.encode(), {keys.round: ann.encode()}, delete=self.deferred
+            )
+            self.deferred = []
         except BaseException:
             self.void = [*self.void, rid][-_VOID_KEPT:]
             self.leftovers.add(rid)  # a follower may still join it late and write there
@@ -175,9 +170,6 @@ class Leader:
         ctx.store.put(keys.state(rid, LEADER_RANK), own)
         states, digests = self._collect(rid, ann.step, state, own, deadline, watch)
         t_collect = deadline.elapsed_ms()
-        create_and_delete = getattr(ctx.store, "create_and_delete", None)
-        if not callable(create_and_delete):
-            ctx.store.delete(keys.round)  # close the round: the announcement goes
         try:
             merged = ctx.merge(states)
         except Exception as e:
@@ -195,7 +187,7 @@ class Leader:
             lanes_total=lanes_total,
         )
         self._committing = (rid, merged, commit)
-        if getattr(self.lease, "lost", False):
+        if self.lease is not None and self.lease.lost:
             # Followers may have declared this leader dead and given up.
             raise AggregationError(
                 f"{ctx.p} this leader's liveness key 'leader' ({keys.leader}) in {ctx.where}"
@@ -203,13 +195,11 @@ class Leader:
                 f" lease_ttl_s={ctx.lease_ttl_s:g}?); not committing"
             )
         try:
-            if callable(create_and_delete):
-                # etcd: the round is closed (its announcement deleted) by the commit itself
-                existing = create_and_delete(
-                    keys.decision(rid), commit, fence=fence, delete=[keys.round]
-                )
-            else:
-                existing = ctx.store.create(keys.decision(rid), commit, fence=fence)
+            # The round is closed (its announcement deleted) and committed: in one
+            # transaction where the store has them (etcd), else the deletion first
+            existing = ctx.store.create_and_delete(
+                keys.decision(rid), commit, fence=fence, delete=[keys.round]
+            )
         except StaleRoundError as e:
             raise AggregationError(
                 f"{ctx.p} round {rid} cannot publish its merged result: a newer round was"
@@ -290,7 +280,7 @@ class Leader:
             self._drop_round(self.shared, n)  # (now: a share of it says it can't be saved)
         self.shared = rid
         self._drop_acks_later(rid)
-        if callable(getattr(ctx.store, "announce_with", None)):
+        if ctx.store.announce_batches:
             # Deleted with the next announcement (or at close()): a write, and a pushed
             # event to every watching follower, fewer per round.
             self.deferred.extend(old_decisions)
@@ -301,12 +291,10 @@ class Leader:
         if self.replaced:
             self._sweep_replaced()
             self.replaced.clear()
-        compact = getattr(ctx.store, "compact", None)
-        if callable(compact):
-            try:
-                compact()
-            except Exception as e:  # noqa: BLE001
-                ctx.log.warning("%s could not compact %s: %s", ctx.p, ctx.where, e)
+        try:
+            ctx.store.compact()
+        except Exception as e:  # noqa: BLE001
+            ctx.log.warning("%s could not compact %s: %s", ctx.p, ctx.where, e)
         ctx.log.debug("%s round %s done in %.1f ms", ctx.p, rid, deadline.elapsed_ms())
 
     # ------------------------------------------------------------------------- steps
@@ -322,7 +310,7 @@ class Leader:
         waited for until its lease lapses, and a live one is another job on this location.
         """
         ctx = self.ctx
-        if self.lease is not None and not getattr(self.lease, "lost", False):
+        if self.lease is not None and not self.lease.lost:
             return
         if self.lease is not None:
             ctx.log.warning("%s liveness lease was lost; taking a new one", ctx.p)
@@ -395,7 +383,7 @@ class Leader:
         view = ControlView(ctx.store, watch, deadline, n, LEADER_POLL_PER_RANK_S)
         gen_seen = False  # this round's generation was read back at least once
         while True:
-            changes = watch.drain() if view.pushed else None
+            changes = view.changes()
             for key, blob in feed.poll(changes).items():
                 r = Keys.rank_of(key)
                 if r is None or r not in missing:

@@ -14,7 +14,6 @@ from zephon.checkpoint.rounds.keys import DIGEST_BYTES, LEADER_RANK, STATE, deco
 from zephon.checkpoint.rounds.wait import Deadline
 from zephon.checkpoint.share import SHARE_KEY, Share
 from zephon.checkpoint.state import ROUND
-from zephon.checkpoint.stores.base import get_many
 from zephon.errors import AggregationError, CheckpointError
 
 __all__ = ["read_merged", "share_of", "with_round"]
@@ -73,7 +72,7 @@ def read_merged(ctx: RoundContext, rid: str, digests: Any, own: list[Any]) -> di
     try:
         while True:
             missing = [r for r in range(n) if records[r] is None]
-            got = get_many(ctx.store, [keys.state(rid, r) for r in missing])
+            got = ctx.store.get_many([keys.state(rid, r) for r in missing])
             for r, blob in zip(missing, got, strict=True):
                 records[r] = blob
             if all(blob is not None for blob in records):

@@ -13,12 +13,11 @@ one rank, polls at the store's pace up to ``world_size * LEADER_POLL_PER_RANK_S`
 
 from __future__ import annotations
 
-import contextlib
 import random
 import time
-from typing import Any
+from typing import Any, TypeGuard
 
-from zephon.checkpoint.stores.base import get_many, poll_delays
+from zephon.checkpoint.stores.base import BaseStore, PrefixWatch, poll_delays
 
 __all__ = [
     "FOLLOWER_POLL_PER_RANK_S",
@@ -64,10 +63,10 @@ class Poller:
     """
 
     def __init__(
-        self, store: Any, deadline: Deadline, world_size: int = 1, per_rank_s: float = 0.0
+        self, store: BaseStore, deadline: Deadline, world_size: int = 1, per_rank_s: float = 0.0
     ) -> None:
         first = float(store.poll_interval_s)
-        store_cap = float(getattr(store, "poll_max_interval_s", first))
+        store_cap = max(first, store.poll_max_interval_s or 0.0)
         cap = max(first, store_cap, world_size * per_rank_s)
         if cap > store_cap:
             first = max(first, cap / 8)
@@ -87,23 +86,17 @@ class Poller:
         return True
 
 
-def open_watch(store: Any, prefix: str) -> Any:
-    """``store.watch(prefix)`` where the store can push, else None."""
-    watch = getattr(store, "watch", None)
-    if not callable(watch):
-        return None
-    w = watch(prefix)
-    synced = getattr(w, "synced", None)
-    if synced is not None:
-        synced.wait(WATCH_SYNC_S)
+def open_watch(store: BaseStore, prefix: str) -> PrefixWatch | None:
+    """``store.watch(prefix)``, given up to ``WATCH_SYNC_S`` to load its first copy; None
+    where the store cannot push."""
+    w = store.watch(prefix)
+    if w is not None:
+        w.synced.wait(WATCH_SYNC_S)
     return w
 
 
-def _healthy(watch: Any) -> bool:
-    if watch is None or watch.error is not None:
-        return False
-    synced = getattr(watch, "synced", None)
-    return synced is None or synced.is_set()
+def _healthy(watch: PrefixWatch | None) -> TypeGuard[PrefixWatch]:
+    return watch is not None and watch.error is None and watch.synced.is_set()
 
 
 class ControlView:
@@ -112,8 +105,8 @@ class ControlView:
 
     def __init__(
         self,
-        store: Any,
-        watch: Any,
+        store: BaseStore,
+        watch: PrefixWatch | None,
         deadline: Deadline,
         world_size: int,
         per_rank_s: float = FOLLOWER_POLL_PER_RANK_S,
@@ -142,7 +135,12 @@ class ControlView:
     def get_many(self, keys: list[str]) -> list[bytes | None]:
         if _healthy(self.watch):
             return [self.watch.get(k) for k in keys]
-        return get_many(self.store, keys)
+        return self.store.get_many(keys)
+
+    def changes(self) -> dict[str, bytes | None] | None:
+        """The keys the watch changed since the previous call (see ``PrefixWatch.drain``),
+        while reads come from it; else None."""
+        return self.watch.drain() if _healthy(self.watch) else None
 
     def sleep(self) -> bool:
         """Wait for a change (watch) or one poll interval; False once the budget is spent."""
@@ -164,8 +162,8 @@ class PrefixFeed:
 
     def __init__(
         self,
-        store: Any,
-        watch: Any,
+        store: BaseStore,
+        watch: PrefixWatch | None,
         prefix: str,
         expected: list[str],
         values: bool = True,
@@ -177,16 +175,15 @@ class PrefixFeed:
         self.values = values
         self._missing = set(expected)
         self._seen: set[str] = set(known)
-        self._can_list = callable(getattr(store, "list_keys", None))
-        self._pushed = _healthy(watch)
-        if self._pushed:  # what arrived before this feed existed is in the copy already
+        self._pushed = False
+        self._backlog: dict[str, bytes] = {}
+        if _healthy(watch):  # what arrived before this feed existed is in the copy already
+            self._pushed = True
             self._backlog = {
                 k: v
                 for k, v in watch.items().items()
                 if k.startswith(prefix) and k not in self._seen
             }
-        else:
-            self._backlog = {}
 
     def poll(self, changes: dict[str, bytes | None] | None = None) -> dict[str, bytes]:
         """New key -> value since the last poll. With a watch, ``changes`` are the watch's
@@ -202,15 +199,16 @@ class PrefixFeed:
         else:
             if self._pushed:  # the watch broke: from now on read the store
                 self._pushed = False
-            if self._can_list:
-                names = [k for k in self.store.list_keys(self.prefix) if k not in self._seen]
+            listed = self.store.list_keys(self.prefix)
+            if listed is not None:
+                names = [k for k in listed if k not in self._seen]
                 if not self.values:
                     fresh.update(dict.fromkeys(names, b""))
                     names = []
             else:
                 names = sorted(self._missing - self._seen)
             if names:
-                for k, v in zip(names, get_many(self.store, names), strict=True):
+                for k, v in zip(names, self.store.get_many(names), strict=True):
                     if v is not None:
                         fresh[k] = v
         for k in fresh:
@@ -231,15 +229,9 @@ def await_written(view: ControlView, prefix: str, pending: dict[str, Any]) -> li
     feed = PrefixFeed(view.store, view.watch, prefix, list(pending), values=False)
     remaining = dict(pending)
     while remaining:
-        changes = view.watch.drain() if view.pushed else None
+        changes = view.changes()
         for key in feed.poll(changes):
             remaining.pop(key, None)
         if not remaining or not view.sleep():
             break
     return sorted(remaining.values())
-
-
-def close_quietly(obj: Any) -> None:
-    if obj is not None:
-        with contextlib.suppress(Exception):
-            obj.close()

@@ -2,8 +2,11 @@
 and :func:`open_store`, which picks one from a Pipeline's ``aggregate_dir`` or
 ``aggregate_store``.
 
-Only the directory store is imported here; the etcd, JAX and torch stores import their
-client libraries, so :func:`open_store` loads them on demand.
+Every store is a :class:`BaseStore` (:mod:`~zephon.checkpoint.stores.base`: what is required
+of a store, and the optional powers with their defaults); so must be one you pass to
+``Aggregator`` yourself. Only the directory stores are imported here (the fsspec one imports
+fsspec when made); the etcd, JAX and torch stores import their client libraries, so
+:func:`open_store` loads them on demand.
 """
 
 from __future__ import annotations
@@ -13,22 +16,30 @@ import os
 from typing import Any
 
 from zephon.checkpoint.stores.base import (
+    BaseStore,
+    KeepAlive,
     KeyHeldError,
     PrefixWatch,
     StaleRoundError,
-    Store,
     StoreCounters,
+    check_store,
     poll_delays,
 )
 from zephon.checkpoint.stores.directory import DirectoryStore
+from zephon.checkpoint.stores.fsspec_store import FsspecStore
+from zephon.checkpoint.stores.local import LocalStore
 
 __all__ = [
+    "BaseStore",
     "DirectoryStore",
+    "FsspecStore",
+    "KeepAlive",
     "KeyHeldError",
+    "LocalStore",
     "PrefixWatch",
     "StaleRoundError",
-    "Store",
     "StoreCounters",
+    "check_store",
     "open_store",
     "poll_delays",
 ]
@@ -39,7 +50,7 @@ def open_store(
     aggregate_store: str | None = None,
     *,
     namespace: str = "zephon",
-) -> Store:
+) -> BaseStore:
     """The store behind ``Pipeline(aggregate_dir=...)`` or ``Pipeline(aggregate_store=...)``.
 
     Args:
@@ -79,7 +90,7 @@ def open_store(
         blobs = _blobs_of(query, aggregate_store)
         cls = _backend("etcd", "EtcdStore", aggregate_store, "zephon[etcd]")
         if "/" in rest.strip("/"):  # "etcd://h:p/job7": the URL names the namespace
-            store: Store = cls.from_url(url)
+            store: BaseStore = cls.from_url(url)
             namespace = store.namespace.strip("/")  # type: ignore[attr-defined]
         else:
             store = cls.from_url(url, namespace=namespace)

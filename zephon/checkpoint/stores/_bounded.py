@@ -1,6 +1,6 @@
-"""Helpers shared by stores whose client calls have no timeout of their own (the JAX
-coordination service client, torch's TCPStore): run each call on a worker thread and give
-up on it after a deadline; and ``keep_alive`` for stores without leases."""
+"""What the stores whose client calls have no timeout of their own (the JAX coordination
+service client, torch's TCPStore) share: run each call on a worker thread and give up on it
+after a deadline."""
 
 from __future__ import annotations
 
@@ -53,30 +53,3 @@ class BoundedWorker:
     def abandon(self) -> None:
         """Let the thread end after its current call (if that ever returns)."""
         self._queue.put(None)
-
-
-class PlainHandle:
-    """``keep_alive`` without leases: the key is a plain put, and ``stop()`` deletes it."""
-
-    def __init__(self, store: Any, key: str) -> None:
-        self.key = key
-        self.lost = False
-        self._store = store
-        self._stopped = False
-
-    def stop(self) -> None:
-        if not self._stopped:
-            self._stopped = True
-            self._store.delete(self.key)
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(key={self.key!r})"
-
-
-def plain_keep_alive(store: Any, key: str, value: bytes) -> PlainHandle:
-    """``keep_alive`` for a store without leases: a plain put. ``exclusive`` is not
-    honoured there: a dead holder's key never expires (torchrun's agent store outlives a
-    restarted rank), so refusing to overwrite it would lock a restarted job out; these
-    stores belong to one job anyway (its coordinator), so no other job shares them."""
-    store.put(key, value)
-    return PlainHandle(store, key)

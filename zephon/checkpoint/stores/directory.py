@@ -1,30 +1,33 @@
-"""A :class:`~zephon.checkpoint.stores.base.Store` over a shared directory or an fsspec URL.
+"""The directory stores: every key one file under ``root/namespace``, laid out the same way
+on a local path (:class:`~zephon.checkpoint.stores.local.LocalStore`) and over an fsspec URL
+(:class:`~zephon.checkpoint.stores.fsspec_store.FsspecStore`). ``DirectoryStore(root)`` picks
+one for ``root``, as ``pathlib.Path()`` picks a flavour: a path or a ``file://`` URL is
+local, any other URL fsspec's.
 
-Every key is one file under ``root/namespace``, in a subdirectory named by the key up to
-its last dot: ``j1.p2.s.r7.12`` is the file ``12`` in ``j1.p2.s.r7~`` (the ``~``, which no
-key holds, tells a subdirectory from a key's file). A key without a dot inside it is a file
-of the namespace itself. So listing a prefix reads the namespace's few subdirectories and
-the ones that match, not every key of every round kept there: the leader of a 1,024-rank
-round polls one subdirectory of its round's states, however many records of the previous
-round wait beside it. A subdirectory left empty is removed (a writer that loses that race
-to the removal makes it again).
+**The layout** (this module, shared by both). A key is a file in a subdirectory named by the
+key up to its last dot: ``j1.p2.s.r7.12`` is the file ``12`` in ``j1.p2.s.r7~`` (the ``~``,
+which no key holds, tells a subdirectory from a key's file). A key without a dot inside it
+is a file of the namespace itself. So listing a prefix reads the namespace's few
+subdirectories and the ones that match, not every key of every round kept there: the leader
+of a 1,024-rank round polls one subdirectory of its round's states, however many records of
+the previous round wait beside it. Keys are plain file names: no separators, no leading dot
+(temp files start with one), and nothing ending in ``.commit`` (the fsspec store's commit
+markers); any other name under the namespace is not a key. A value is stored framed (see
+:mod:`~zephon.checkpoint.stores.file_lease`), so a leased value carries its expiry.
 
-Two ways to make a put atomic:
+Also shared: ``create``'s retries, the fence, the leases and the listing. What differs is
+how a file is written atomically, which each store does its own way:
 
-* a local (or network-mounted) path: a temp file in the same directory, then a rename, so
-  a reader sees the old value or the new one, never a prefix (``fsync=True`` adds the
-  fsyncs of :func:`atomic_write_bytes`);
-* an fsspec URL (object storage has no rename): the data object first, then a small commit
-  marker ``{key}.commit`` holding the data's length and sha256. ``get`` returns None unless
-  the marker is there *and* matches the data, so a torn or in-progress write reads as absent.
+* :class:`~zephon.checkpoint.stores.local.LocalStore`: a temp file then a rename; ``create``
+  a hard link (``O_EXCL`` where links are refused); optional fsyncs; subdirectories made
+  ahead of a round (``make_room``) and removed once empty.
+* :class:`~zephon.checkpoint.stores.fsspec_store.FsspecStore` (object storage has no
+  rename): the data object, then a commit marker ``{file}.commit`` holding its length and
+  sha256; ``create`` writes the marker first with ``mode="create"``.
 
-``create`` (write only if absent) is a hard link of a fully written temp file onto the key
-(``link`` fails with EEXIST when the key exists: atomic on local filesystems and NFS), so
-exactly one of several racing writers wins and the others read its value. An empty value
-needs no data block, so a rank can still create an (empty) notice on a full disk. Over
-fsspec it is ``pipe_file(marker, mode="create")`` of the commit marker before the data:
-conditional where the backend supports it (local, memory, object stores with conditional
-writes), a check then a write where it does not.
+A key the fsspec store wrote reads the same through a local store over the same files (the
+markers are not keys). The other way round it reads as absent: a local write has no marker,
+and without one an object store cannot tell a finished write from a torn one.
 
 Fencing is best effort: ``announce`` returns the announced bytes as the token and a fenced
 write re-reads the key and compares, which leaves a window between the check and the write.
@@ -39,29 +42,52 @@ clock, so a holder that was paused past its expiry knows, even before its thread
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import hashlib
 import os
 import re
 import threading
-import time
+from collections.abc import Sequence
 from typing import Any
 
-from zephon.checkpoint.atomic import atomic_write_bytes, fsync_dir, temp_path
-from zephon.checkpoint.stores.base import KeyHeldError, StaleRoundError, StoreCounters
+from zephon.checkpoint.stores.base import BaseStore, KeyHeldError, StaleRoundError
 from zephon.checkpoint.stores.file_lease import FileLease, frame, unframe
 from zephon.errors import AggregationError
 
 __all__ = ["DirectoryStore"]
 
-# Keys are plain file names: no separators, no leading dot (temp files start with one), and
-# nothing ending in the commit marker's suffix.
 _KEY = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,199}")
-_COMMIT = ".commit"
-_BUCKET = "~"  # ends the name of a key group's subdirectory (no key holds it)
-_MAKE_TRIES = 10  # a write whose subdirectory keeps being removed under it gives up then
-_CREATE_SETTLE_S = 1.0  # fsspec: how long a loser waits for the winner's data to land
+COMMIT = ".commit"  # the fsspec store's commit markers end with it; no key does
+BUCKET = "~"  # ends the name of a key group's subdirectory (no key holds it)
+
+
+def check_namespace(namespace: str) -> str:
+    """``namespace``, checked to be a plain directory name."""
+    if not _KEY.fullmatch(namespace):
+        raise ValueError(
+            f"namespace must match {_KEY.pattern} (a plain directory name); got {namespace!r}"
+        )
+    return namespace
+
+
+def is_url(root: str) -> bool:
+    """Whether ``root`` is an fsspec URL (a ``file://`` URL is a local path)."""
+    return "://" in root and not root.startswith("file://")
+
+
+def entry_of(name: str) -> tuple[str, bool] | None:
+    """(``name``, is a key group's subdirectory) for a name the layout can hold in the
+    namespace or a subdirectory; None for anything else (temp files, commit markers)."""
+    if name.endswith(COMMIT) or not _KEY.fullmatch(name.removesuffix(BUCKET)):
+        return None
+    return name, name.endswith(BUCKET)
+
+
+def split_key(key: str) -> tuple[str | None, str]:
+    """(the key's group, its file name): the parts before and after its last dot; no
+    group for a key without a dot inside it (a file of the namespace itself)."""
+    dot = key.rfind(".")
+    if dot <= 0 or dot == len(key) - 1:
+        return None, key
+    return key[:dot], key[dot + 1 :]
 
 
 class _Fence:
@@ -77,55 +103,51 @@ class _Fence:
         return f"_Fence(key={self.key!r}, {len(self.value)} bytes)"
 
 
-class DirectoryStore:
-    """Keys as files under ``root/namespace``; ``root`` is a path or an fsspec URL.
+class DirectoryStore(BaseStore):
+    """Keys as files under ``root/namespace`` (see the module docstring): the layout and
+    everything above the file operations, which each subclass supplies (``_open``,
+    ``_join``, ``_write``, ``_create_file``, ``_read``, ``_unlink``, ``_entries``; not
+    abstract methods, so that ``DirectoryStore(...)`` type-checks as the constructor it
+    is).
+
+    ``DirectoryStore(root, ...)`` itself makes the subclass for ``root``: a
+    :class:`~zephon.checkpoint.stores.local.LocalStore` for a path or a ``file://`` URL,
+    else a :class:`~zephon.checkpoint.stores.fsspec_store.FsspecStore`.
 
     Args:
         root: a local or shared-filesystem directory, or an fsspec URL (``s3://bucket/dir``,
-            ``memory://name``); ``file://`` URLs are treated as local paths.
+            ``memory://name``); ``file://`` URLs are local paths.
         namespace: a subdirectory of ``root``; ranks of one job must agree on it.
-        fsync: local paths only: also fsync each written file and the directory, making
-            every key durable against a power cut. Off by default: coordination keys only
-            need the rename's atomicity (a round does not survive a reboot, and what one
-            leaves behind reads as stale or unreadable and is ignored), and the fsyncs
-            would triple a round's latency. The merged state a round returns is saved
-            durably by the caller (``zephon.save``).
+        fsync: local paths only: also fsync each written file and the directory (see
+            :class:`~zephon.checkpoint.stores.local.LocalStore`).
+
+    Raises:
+        ValueError: a namespace that is not a plain directory name, or ``fsync`` asked of
+            an fsspec URL.
     """
+
+    def __new__(
+        cls, root: str | os.PathLike[str], namespace: str = "zephon", *, fsync: bool = False
+    ) -> DirectoryStore:
+        if cls is DirectoryStore:
+            from zephon.checkpoint.stores.fsspec_store import FsspecStore
+            from zephon.checkpoint.stores.local import LocalStore
+
+            cls = FsspecStore if is_url(os.fspath(root)) else LocalStore
+        return super().__new__(cls)
 
     def __init__(
         self, root: str | os.PathLike[str], namespace: str = "zephon", *, fsync: bool = False
     ) -> None:
-        root = os.fspath(root)
-        if not _KEY.fullmatch(namespace):
-            raise ValueError(
-                f"namespace must match {_KEY.pattern} (a plain directory name); got {namespace!r}"
-            )
-        if root.startswith("file://"):
-            root = root[len("file://") :]
-        self._root = root
-        self._namespace = namespace
-        self._fsync = fsync
-        self._fs: Any = None
-        self.counters = StoreCounters()
-        self.log_prefix = ""  # the round sets "[rank=N] " so the lease's warnings name it
-        if "://" in root:
-            import fsspec
-
-            self._fs, base = fsspec.core.url_to_fs(root)
-            self._base = f"{base.rstrip('/')}/{namespace}"
-            self._fs.makedirs(self._base, exist_ok=True)
-            self.poll_interval_s = 0.05
-            self.poll_max_interval_s = 5.0
-        else:
-            self._base = os.path.join(os.path.abspath(root), namespace)
-            os.makedirs(self._base, exist_ok=True)
-            self.poll_interval_s = 0.001
-            self.poll_max_interval_s = 0.005
+        self._base = self._open(os.fspath(root), check_namespace(namespace), fsync)
         self._leases: list[FileLease] = []
         self._leases_lock = threading.Lock()
 
     def __repr__(self) -> str:
-        return f"DirectoryStore({self.describe()!r})"
+        return f"{type(self).__name__}({self.describe()!r})"
+
+    def describe(self) -> str:
+        return self._base
 
     # ------------------------------------------------------------------------- Store
 
@@ -141,17 +163,13 @@ class DirectoryStore:
         self._write(key, frame(value))
 
     def create(self, key: str, value: bytes, *, fence: Any = None) -> bytes | None:
-        """Write ``key`` only if absent (see the module docstring); None when this call
-        created it, else the value that was there first."""
+        """Write ``key`` only if absent; None when this call created it, else the value
+        that was there first."""
         self._check_key(key)
         self._check_fence(key, fence)
         data = frame(value)
         for _ in range(3):
-            if self._fs is None:
-                won = self._create_local(key, data)
-            else:
-                won = self._create_fsspec(key, data)
-            if won:
+            if self._create_file(key, data):
                 return None
             existing = self.get(key)
             if existing is not None:
@@ -174,16 +192,16 @@ class DirectoryStore:
         self._unlink(key)
 
     def list_keys(self, prefix: str) -> list[str]:
-        """The keys that start with ``prefix`` (committed ones, over fsspec), sorted.
+        """The keys that start with ``prefix``, sorted.
 
         Reads the namespace's entries and the subdirectories whose keys can match."""
         keys: list[str] = []
         for name, is_bucket in self._entries(self._base):
             if not is_bucket:
-                if name.startswith(prefix) and _split(name)[0] is None:
+                if name.startswith(prefix) and split_key(name)[0] is None:
                     keys.append(name)
                 continue
-            head = name[: -len(_BUCKET)] + "."
+            head = name[: -len(BUCKET)] + "."
             if len(prefix) <= len(head):
                 if not head.startswith(prefix):
                     continue
@@ -199,59 +217,9 @@ class DirectoryStore:
             )
         return sorted(keys)
 
-    def _entries(self, path: str) -> list[tuple[str, bool]]:
-        """(name, is a key group's subdirectory) of each committed entry of ``path``."""
-        self.counters.add(requests=1)
-        if self._fs is None:
-            try:
-                with os.scandir(path) as it:
-                    names = [e.name for e in it]
-            except FileNotFoundError:
-                return []
-            return [
-                (n, n.endswith(_BUCKET)) for n in names if _KEY.fullmatch(n.removesuffix(_BUCKET))
-            ]
-        try:
-            # refresh: a cached listing (s3fs keeps one) would hide other ranks' writes
-            paths = self._fs.ls(path, detail=False, refresh=True)
-        except FileNotFoundError:
-            return []
-        found = {p.rstrip("/").rsplit("/", 1)[-1] for p in paths}
-        return [
-            (n, n.endswith(_BUCKET))
-            for n in found
-            if _KEY.fullmatch(n.removesuffix(_BUCKET))
-            and (n.endswith(_BUCKET) or (not n.endswith(_COMMIT) and n + _COMMIT in found))
-        ]
-
-    def make_room(self, prefixes: list[str]) -> None:
-        """Make the subdirectories of the keys under ``prefixes`` (each ending with a dot:
-        a round's states, its acknowledgements) before many ranks write there at once;
-        without it each of them would find it missing, fail a write and race to make it.
-        One that stays empty is removed with the next deletion under it (or stays, empty,
-        if none comes: a listing ignores it)."""
-        if self._fs is not None:
-            return
-        for prefix in prefixes:
-            bucket = self._prefix_bucket(prefix)
-            if bucket is not None:
-                self.counters.add(requests=1)
-                os.makedirs(bucket, exist_ok=True)
-
-    def delete_prefix(self, prefix: str) -> None:
-        """Remove every key that starts with ``prefix``."""
-        if not prefix:
-            raise ValueError("delete_prefix needs a non-empty prefix")
-        keys = self.list_keys(prefix)
-        for key in keys:
-            self._unlink(key, tidy=False)
-        if self._fs is None:
-            # Each emptied subdirectory goes once (not after every key), and the one of the
-            # prefix itself even when it held nothing (made by make_room, never written).
-            buckets = {self._bucket(key) for key in keys} | {self._prefix_bucket(prefix)}
-            for bucket in buckets - {None}:
-                with contextlib.suppress(OSError):  # not empty (or gone): it stays
-                    os.rmdir(bucket)  # type: ignore[arg-type]
+    def delete_prefix(self, prefix: str, known: Sequence[str] = ()) -> None:
+        """Remove every key that starts with ``prefix`` (listed: ``known`` is not needed)."""
+        self._delete_listed(prefix)
 
     def announce(self, key: str, value: bytes) -> _Fence:
         """Put ``key``; the returned fence lets ``put`` check that it is still current.
@@ -282,16 +250,9 @@ class DirectoryStore:
                 raise KeyHeldError(key, held, self.describe())
         lease = FileLease(self, self._write, key, bytes(value), float(ttl_s))
         with self._leases_lock:
-            self._leases = [x for x in self._leases if not x._stopped.is_set()]
+            self._leases = [x for x in self._leases if not x.stopped]
             self._leases.append(lease)
         return lease
-
-    def describe(self) -> str:
-        if self._fs is None:
-            return self._base
-        protocol = self._fs.protocol
-        protocol = protocol[0] if isinstance(protocol, tuple | list) else protocol
-        return f"{protocol}://{self._base.lstrip('/')}"
 
     def close(self) -> None:
         """Stop (and delete) every lease still held; the files of other keys stay."""
@@ -300,12 +261,12 @@ class DirectoryStore:
         for lease in leases:
             lease.stop()
 
-    # ------------------------------------------------------------------------- files
+    # ------------------------------------------------------------------------ layout
 
     def _check_key(self, key: str) -> None:
-        if not _KEY.fullmatch(key) or key.endswith(_COMMIT):
+        if not _KEY.fullmatch(key) or key.endswith(COMMIT):
             raise ValueError(
-                f"store key must match {_KEY.pattern} and not end in {_COMMIT!r}; got {key!r}"
+                f"store key must match {_KEY.pattern} and not end in {COMMIT!r}; got {key!r}"
             )
 
     def _check_fence(self, key: str, fence: Any) -> None:
@@ -320,13 +281,10 @@ class DirectoryStore:
                 " announced again (or removed) since this round announced it"
             )
 
-    def _join(self, *parts: str) -> str:
-        return os.path.join(*parts) if self._fs is None else "/".join(parts)
-
     def _bucket(self, key: str) -> str | None:
         """The subdirectory that holds ``key`` (None: the namespace itself)."""
-        group, _ = _split(key)
-        return None if group is None else self._join(self._base, group + _BUCKET)
+        group, _ = split_key(key)
+        return None if group is None else self._join(self._base, group + BUCKET)
 
     def _prefix_bucket(self, prefix: str) -> str | None:
         """The subdirectory whose keys are exactly ``prefix`` + a name (None unless the
@@ -334,162 +292,49 @@ class DirectoryStore:
         return self._bucket(prefix + "x") if prefix.endswith(".") else None
 
     def _path(self, key: str) -> str:
-        group, file = _split(key)
+        group, file = split_key(key)
         if group is None:
             return self._join(self._base, key)
-        return self._join(self._base, group + _BUCKET, file)
+        return self._join(self._base, group + BUCKET, file)
 
-    def _local(self, key: str, write: Any) -> Any:
-        """``write(path)`` for a local key; where its subdirectory is missing (the first key
-        of its group, or another rank removed it empty in between), make it and write
-        again."""
-        path = self._path(key)
-        bucket = self._bucket(key)
-        for _ in range(_MAKE_TRIES):
-            try:
-                return write(path)
-            except FileNotFoundError:
-                if bucket is None:
-                    raise
-            self.counters.add(requests=1)
-            try:
-                os.mkdir(bucket)
-            except FileExistsError:
-                pass  # another writer made it (and one may remove it again: the next try tells)
-            except FileNotFoundError:
-                os.makedirs(bucket, exist_ok=True)  # the namespace was removed too
-            if self._fsync:
-                fsync_dir(self._base)
-        return write(path)
+    def _delete_listed(self, prefix: str) -> list[str]:
+        """Remove every key under ``prefix`` (leaving their subdirectories); the keys."""
+        if not prefix:
+            raise ValueError("delete_prefix needs a non-empty prefix")
+        keys = self.list_keys(prefix)
+        for key in keys:
+            self._unlink(key, tidy=False)
+        return keys
+
+    # ------------------------------------------------------------------ file operations
+
+    def _open(self, root: str, namespace: str, fsync: bool) -> str:
+        """Make the namespace's directory under ``root`` (where it is missing); its path."""
+        raise NotImplementedError
+
+    def _join(self, *parts: str) -> str:
+        """The path of ``parts`` joined, as this store's file system spells it."""
+        raise NotImplementedError
 
     def _write(self, key: str, data: bytes) -> None:
-        self.counters.add(requests=1, written=len(data))
-        if self._fs is None:
-            self._local(key, lambda path: self._replace(path, data))
-            return
-        path = self._path(key)
-        self._fs.pipe_file(path, data)
-        self._fs.pipe_file(path + _COMMIT, _marker(data))
+        """Write ``data`` (framed) at ``key``'s path, atomically: a reader sees the old
+        bytes or the new ones."""
+        raise NotImplementedError
 
-    def _replace(self, path: str, data: bytes) -> None:
-        if self._fsync:
-            atomic_write_bytes(path, data)
-            return
-        tmp = temp_path(path)
-        try:
-            with open(tmp, "xb") as f:
-                f.write(data)
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
-
-    def _create_local(self, key: str, data: bytes) -> bool:
-        self.counters.add(requests=1, written=len(data))
-        won: bool = self._local(key, lambda path: self._link(path, data))
-        return won
-
-    def _link(self, path: str, data: bytes) -> bool:
-        tmp = temp_path(path)
-        try:
-            with open(tmp, "xb") as f:
-                f.write(data)
-                if self._fsync:
-                    f.flush()
-                    os.fsync(f.fileno())
-            try:
-                os.link(tmp, path)
-            except FileExistsError:
-                return False
-            except OSError as e:
-                if e.errno not in _NO_LINK:
-                    raise
-                return self._create_exclusive(path, data)  # a filesystem without hard links
-            return True
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-
-    def _create_exclusive(self, path: str, data: bytes) -> bool:
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            return False
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        return True
-
-    def _create_fsspec(self, key: str, data: bytes) -> bool:
-        path = self._path(key)
-        self.counters.add(requests=2, written=len(data))
-        try:
-            # The marker claims the key; until the data matches it, readers see "absent".
-            self._fs.pipe_file(path + _COMMIT, _marker(data), mode="create")
-        except FileExistsError:
-            deadline = time.monotonic() + _CREATE_SETTLE_S
-            while self._read(key) is None and time.monotonic() < deadline:
-                time.sleep(self.poll_interval_s)
-            return False
-        self._fs.pipe_file(path, data)
-        return True
+    def _create_file(self, key: str, data: bytes) -> bool:
+        """Write ``data`` at ``key``'s path only if no file is there; whether it did."""
+        raise NotImplementedError
 
     def _read(self, key: str) -> bytes | None:
-        path = self._path(key)
-        self.counters.add(requests=1)
-        if self._fs is None:
-            try:
-                with open(path, "rb") as f:
-                    data = f.read()
-            except FileNotFoundError:
-                return None
-            self.counters.add(read=len(data))
-            return data
-        # Marker first, then data: a value whose marker describes other bytes is a write in
-        # progress (or one that died half way) and reads as absent.
-        try:
-            marker = self._fs.cat_file(path + _COMMIT)
-            data = self._fs.cat_file(path)
-        except FileNotFoundError:
-            return None
-        self.counters.add(read=len(data))
-        return bytes(data) if marker == _marker(data) else None
+        """The (framed) bytes at ``key``'s path; None when absent or not committed."""
+        raise NotImplementedError
 
     def _unlink(self, key: str, tidy: bool = True) -> None:
-        """Remove ``key``'s file; ``tidy``: and its subdirectory if that left it empty."""
-        path = self._path(key)
-        self.counters.add(requests=1)
-        if self._fs is None:
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
-            bucket = self._bucket(key) if tidy else None
-            if bucket is not None:
-                with contextlib.suppress(OSError):  # not empty (or gone): it stays
-                    os.rmdir(bucket)
-            return
-        # Over fsspec a subdirectory is a prefix of its files' names: none is made, none
-        # is left behind.
-        for p in (path + _COMMIT, path):  # marker first: a reader never trusts stale data
-            try:
-                self._fs.rm_file(p)
-            except FileNotFoundError:
-                pass
+        """Remove ``key``'s file (absent is fine); ``tidy``: and its subdirectory if that
+        left it empty, where the store has directories."""
+        raise NotImplementedError
 
-
-# link() refused by the filesystem (FAT, some FUSE and SMB mounts): fall back to O_EXCL
-_NO_LINK = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV}
-
-
-def _split(key: str) -> tuple[str | None, str]:
-    """(the key's group, its file name): the parts before and after its last dot; no
-    group for a key without a dot inside it (a file of the namespace itself)."""
-    dot = key.rfind(".")
-    if dot <= 0 or dot == len(key) - 1:
-        return None, key
-    return key[:dot], key[dot + 1 :]
-
-
-def _marker(data: bytes) -> bytes:
-    return b"%d:" % len(data) + hashlib.sha256(data).hexdigest().encode()
+    def _entries(self, path: str) -> list[tuple[str, bool]]:
+        """(name, is a key group's subdirectory) of each committed entry of the directory
+        ``path`` (see :func:`entry_of`); empty when there is none."""
+        raise NotImplementedError

@@ -1,5 +1,5 @@
-"""The directory store's emulated leases: a value framed with its expiry, and the thread
-that rewrites it (see :mod:`zephon.checkpoint.stores.directory`).
+"""The directory stores' emulated leases (local and fsspec alike): a value framed with its
+expiry, and the thread that rewrites it (see :mod:`zephon.checkpoint.stores.directory`).
 
 A leased value is written as ``ZLEASE01``, the expiry (wall clock, a float64) and the value;
 ``unframe`` reads an expired one as absent. A plain value that starts with the magic is
@@ -14,7 +14,8 @@ import struct
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+
+from zephon.checkpoint.stores.base import BaseStore
 
 __all__ = ["FileLease", "frame", "unframe"]
 
@@ -31,7 +32,12 @@ class FileLease:
     ``write(key, data)`` writes the framed bytes as they are."""
 
     def __init__(
-        self, store: Any, write: Callable[[str, bytes], None], key: str, value: bytes, ttl_s: float
+        self,
+        store: BaseStore,
+        write: Callable[[str, bytes], None],
+        key: str,
+        value: bytes,
+        ttl_s: float,
     ) -> None:
         self._store = store
         self._write = write
@@ -53,6 +59,10 @@ class FileLease:
         if not self._lost and time.time() > self._expiry:
             self._lost = True
         return self._lost
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped.is_set()
 
     def _refresh(self) -> None:
         expiry = time.time() + self._ttl_s

@@ -14,8 +14,8 @@ Quirks handled here:
   child.
 * Without ``allow_overwrite=True`` a second set raises ``ALREADY_EXISTS``.
 * The service has no practical value-size limit (hundreds of MiB went through in testing)
-  and no leases: ``announce`` returns None (no fencing) and ``keep_alive`` puts plainly,
-  returning a handle whose ``stop()`` deletes the key. A dead leader is noticed through the
+  and no leases: ``announce`` and ``keep_alive`` are :class:`BaseStore`'s (a plain put, no
+  fence; a handle whose ``stop()`` deletes the key). A dead leader is noticed through the
   failure notice, the round's time budget, and JAX's own heartbeat, which ends a job whose
   task died.
 * ``create`` is ``key_value_set_bytes`` without ``allow_overwrite``: the service refuses
@@ -34,8 +34,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from zephon.checkpoint.stores._bounded import BoundedWorker, PlainHandle, plain_keep_alive
-from zephon.checkpoint.stores.base import StoreCounters
+from zephon.checkpoint.stores._bounded import BoundedWorker
+from zephon.checkpoint.stores.base import BaseStore
 from zephon.errors import AggregationError
 
 DEFAULT_NAMESPACE = "zephon/"
@@ -62,8 +62,8 @@ def _coordination_client() -> tuple[Any, str]:
     return state.client, where
 
 
-class JaxStore:
-    """A :class:`~zephon.checkpoint.stores.base.Store` over the JAX coordination service.
+class JaxStore(BaseStore):
+    """A :class:`~zephon.checkpoint.stores.base.BaseStore` over the JAX coordination service.
 
     Args:
         client: a ``DistributedRuntimeClient``; by default the one ``jax.distributed``
@@ -94,8 +94,6 @@ class JaxStore:
         self.request_timeout_s = float(request_timeout_s)
         self.poll_interval_s = float(poll_interval_s)
         self._worker = BoundedWorker("zephon-jax-store", lambda: None)
-        self.counters = StoreCounters()
-        self.log_prefix = ""
 
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> JaxStore:
@@ -176,15 +174,6 @@ class JaxStore:
     def delete(self, key: str) -> None:
         k = self._key(key)
         self._call(f"delete {key!r}", lambda: self._client.key_value_delete(k))
-
-    def announce(self, key: str, value: bytes) -> None:
-        self.put(key, value)
-        return None
-
-    def keep_alive(
-        self, key: str, value: bytes, ttl_s: float, *, exclusive: bool = False
-    ) -> PlainHandle:
-        return plain_keep_alive(self, key, value)
 
     def close(self) -> None:
         """Stops the worker thread; the coordination service belongs to jax.distributed."""

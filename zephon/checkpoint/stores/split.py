@@ -17,9 +17,10 @@ states by round id and rank, and lists their digests.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Any
 
-from zephon.checkpoint.stores.base import Store, StoreCounters, get_many
+from zephon.checkpoint.stores.base import BaseStore, KeepAlive, PrefixWatch, check_store
 
 __all__ = ["SplitStore"]
 
@@ -27,46 +28,41 @@ _STATE = re.compile(r"j[0-9a-f]+\.p[0-9a-f]+\.[sa]\.")  # the ranks' state recor
 _CONTROL = re.compile(r"j[0-9a-f]+\.p[0-9a-f]+\.c\.")  # their control prefix
 
 
-class SplitStore:
+class SplitStore(BaseStore):
     """State records in ``blobs``, every other key in ``control`` (see the module
     docstring). Fences, leases, watches and compaction are ``control``'s; a watch is only
-    offered for prefixes that hold no state records."""
+    offered for prefixes that hold no state records. A call whose keys all live in one of
+    the two goes to that store whole (etcd's one-transaction ``announce_with``); one that
+    spans both takes :class:`BaseStore`'s way, a request per key, each to its own store."""
 
-    def __init__(self, control: Store, blobs: Store) -> None:
-        self.control = control
-        self.blobs = blobs
+    def __init__(self, control: BaseStore, blobs: BaseStore) -> None:
+        self.control = check_store(control, "SplitStore's control store")
+        self.blobs = check_store(blobs, "SplitStore's blob store")
         self.poll_interval_s = float(blobs.poll_interval_s)
-        self.poll_max_interval_s = float(
-            getattr(blobs, "poll_max_interval_s", blobs.poll_interval_s)
-        )
-        self.counters = StoreCounters()
+        self.poll_max_interval_s = blobs.poll_max_interval_s
+        self.announce_batches = control.announce_batches  # (its keys are control's)
         for s in (control, blobs):
-            if isinstance(getattr(s, "counters", None), StoreCounters):
-                s.counters = self.counters  # type: ignore[attr-defined]
-        if callable(getattr(control, "announce_with", None)):
-            self.announce_with = control.announce_with  # type: ignore[attr-defined]
-        if callable(getattr(control, "create_and_delete", None)):
-            self.create_and_delete = control.create_and_delete  # type: ignore[attr-defined]
-        if callable(getattr(control, "compact", None)):
-            self.compact = control.compact  # type: ignore[attr-defined]
-        if callable(getattr(blobs, "make_room", None)):
-            self.make_room = blobs.make_room  # type: ignore[attr-defined]  # states, acks
+            s.counters = self.counters
 
     def __repr__(self) -> str:
         return f"SplitStore({self.describe()!r})"
 
-    @property
+    @property  # type: ignore[override]
     def log_prefix(self) -> str:
-        return str(getattr(self.control, "log_prefix", ""))
+        return self.control.log_prefix
 
     @log_prefix.setter
     def log_prefix(self, value: str) -> None:
-        for s in (self.control, self.blobs):
-            if hasattr(s, "log_prefix"):
-                s.log_prefix = value  # type: ignore[attr-defined]
+        self.control.log_prefix = value
+        self.blobs.log_prefix = value
 
-    def _for(self, key: str) -> Store:
+    def _for(self, key: str) -> BaseStore:
         return self.blobs if _STATE.match(key) else self.control
+
+    def _one_store(self, keys: Sequence[str]) -> BaseStore | None:
+        """The store that holds every one of ``keys``, or None when they span both."""
+        stores = {id(self._for(k)): self._for(k) for k in keys}
+        return next(iter(stores.values())) if len(stores) == 1 else None
 
     def put(self, key: str, value: bytes, *, fence: Any = None) -> None:
         self._for(key).put(key, value, fence=None if _STATE.match(key) else fence)
@@ -82,42 +78,55 @@ class SplitStore:
         for store in (self.control, self.blobs):
             mine = [k for k in keys if self._for(k) is store]
             if mine:
-                out.update(zip(mine, get_many(store, mine), strict=True))
+                out.update(zip(mine, store.get_many(mine), strict=True))
         return [out[k] for k in keys]
 
     def delete(self, key: str) -> None:
         self._for(key).delete(key)
 
-    def list_keys(self, prefix: str) -> list[str]:
-        store = self._for(prefix)
-        listing = getattr(store, "list_keys", None)
-        if not callable(listing):
-            raise NotImplementedError(f"{store.describe()} cannot list keys")
-        keys: list[str] = listing(prefix)
-        return keys
+    def list_keys(self, prefix: str) -> list[str] | None:
+        return self._for(prefix).list_keys(prefix)
 
-    def delete_prefix(self, prefix: str) -> None:
-        for store in {
-            id(self._for(prefix)): self._for(prefix),
-            id(self.control): self.control,
-        }.values():
-            delete_prefix = getattr(store, "delete_prefix", None)
-            if callable(delete_prefix):
-                delete_prefix(prefix)
+    def delete_prefix(self, prefix: str, known: Sequence[str] = ()) -> None:
+        for store in {id(s): s for s in (self._for(prefix), self.control)}.values():
+            store.delete_prefix(prefix, [k for k in known if self._for(k) is store])
 
     def announce(self, key: str, value: bytes) -> Any:
         return self.control.announce(key, value)
 
-    def keep_alive(self, key: str, value: bytes, ttl_s: float, *, exclusive: bool = False) -> Any:
+    def announce_with(
+        self, key: str, value: bytes, also: dict[str, bytes], delete: Sequence[str] = ()
+    ) -> Any:
+        if self._one_store([key, *also, *delete]) is self.control:
+            return self.control.announce_with(key, value, also, delete)
+        return super().announce_with(key, value, also, delete)
+
+    def create_and_delete(
+        self, key: str, value: bytes, *, fence: Any = None, delete: Sequence[str] = ()
+    ) -> bytes | None:
+        if self._one_store([key, *delete]) is self.control:
+            return self.control.create_and_delete(key, value, fence=fence, delete=delete)
+        return super().create_and_delete(key, value, fence=fence, delete=delete)
+
+    def keep_alive(
+        self, key: str, value: bytes, ttl_s: float, *, exclusive: bool = False
+    ) -> KeepAlive:
         return self.control.keep_alive(key, value, ttl_s, exclusive=exclusive)
 
-    def watch(self, prefix: str) -> Any:
+    def watch(self, prefix: str) -> PrefixWatch | None:
         """The control store's watch of a control prefix; None for any prefix that may
         hold state records (those are polled in the blob location)."""
-        watch = getattr(self.control, "watch", None)
-        if callable(watch) and _CONTROL.match(prefix):
-            return watch(prefix)
-        return None
+        return self.control.watch(prefix) if _CONTROL.match(prefix) else None
+
+    def make_room(self, prefixes: list[str]) -> None:
+        for store in (self.control, self.blobs):
+            mine = [p for p in prefixes if self._for(p) is store]
+            if mine:
+                store.make_room(mine)
+
+    def compact(self) -> int | None:
+        self.blobs.compact()
+        return self.control.compact()
 
     def describe(self) -> str:
         return f"{self.control.describe()} (states in {self.blobs.describe()})"

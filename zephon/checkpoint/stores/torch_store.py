@@ -34,8 +34,8 @@ Quirks handled here:
   ``<key>#part/<nonce>/<i>`` followed by a manifest at ``<key>`` (written last), plus a
   marker ``<key>#split`` naming the current parts so ``delete`` and overwrites can remove
   them without reading the value. Values carry one tag byte (inline or manifest).
-* No leases and no fencing here: ``announce`` returns None and ``keep_alive`` puts plainly,
-  returning a handle whose ``stop()`` deletes the key.
+* No leases and no fencing here: ``announce`` and ``keep_alive`` are :class:`BaseStore`'s
+  (a plain put, no fence; a handle whose ``stop()`` deletes the key).
 * ``create`` is ``compare_set(key, b"", value)``: the server sets the key only when it is
   absent and answers with the value it holds afterwards, so the caller won when that is
   its own value.
@@ -50,8 +50,8 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from zephon.checkpoint.stores._bounded import BoundedWorker, PlainHandle, plain_keep_alive
-from zephon.checkpoint.stores.base import StoreCounters
+from zephon.checkpoint.stores._bounded import BoundedWorker
+from zephon.checkpoint.stores.base import BaseStore
 from zephon.errors import AggregationError
 
 DEFAULT_NAMESPACE = "zephon"
@@ -148,8 +148,8 @@ def _where(store: Any) -> str:
     return f"torch://<{type(store).__name__}>"
 
 
-class TorchStore:
-    """A :class:`~zephon.checkpoint.stores.base.Store` over a ``torch.distributed`` store.
+class TorchStore(BaseStore):
+    """A :class:`~zephon.checkpoint.stores.base.BaseStore` over a ``torch.distributed`` store.
 
     Args:
         store: the store to use; by default the job's (see the module docstring).
@@ -188,8 +188,6 @@ class TorchStore:
         self.request_timeout_s = float(request_timeout_s)
         self.part_size_bytes = int(part_size_bytes)
         self.poll_interval_s = float(poll_interval_s)
-        self.counters = StoreCounters()
-        self.log_prefix = ""
 
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> TorchStore:
@@ -391,15 +389,6 @@ class TorchStore:
         manifest = json.loads(manifest_bytes)
         for i in range(manifest["parts"]):
             self._delete(f"{key}#part/{manifest['nonce']}/{i}", f"delete parts of {key!r}")
-
-    def announce(self, key: str, value: bytes) -> None:
-        self.put(key, value)
-        return None
-
-    def keep_alive(
-        self, key: str, value: bytes, ttl_s: float, *, exclusive: bool = False
-    ) -> PlainHandle:
-        return plain_keep_alive(self, key, value)
 
     def close(self) -> None:
         """Stops the worker thread. A server this store hosts (rank 0 under torchrun

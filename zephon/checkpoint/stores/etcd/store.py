@@ -1,4 +1,4 @@
-"""The etcd store: :class:`EtcdStore`, the :class:`~zephon.checkpoint.stores.base.Store`
+"""The etcd store: :class:`EtcdStore`, the :class:`~zephon.checkpoint.stores.base.BaseStore`
 over etcd's JSON gateway.
 
 Reads (``get``, ``get_many`` in transactions, paginated ``list_keys``), writes (``put``, the
@@ -17,7 +17,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from zephon.checkpoint.stores.base import StoreCounters
+from zephon.checkpoint.stores.base import BaseStore, StoreCounters
 from zephon.checkpoint.stores.etcd.fence import EtcdFence, conditional_txn, raise_if_stale
 from zephon.checkpoint.stores.etcd.gateway import (
     _b64,
@@ -57,8 +57,8 @@ MAX_TXN_OPS = 64
 LIST_PAGE_KEYS = 1000
 
 
-class EtcdStore:
-    """A :class:`~zephon.checkpoint.stores.base.Store` over etcd (see
+class EtcdStore(BaseStore):
+    """A :class:`~zephon.checkpoint.stores.base.BaseStore` over etcd (see
     :mod:`zephon.checkpoint.stores.etcd`).
 
     Args:
@@ -70,6 +70,8 @@ class EtcdStore:
             when it cannot watch it.
         poll_max_interval_s: the longest it backs off to between re-reads.
     """
+
+    announce_batches = True  # announce_with is one transaction
 
     def __init__(
         self,
@@ -101,14 +103,22 @@ class EtcdStore:
         # off, so that waiting ranks do not flood the server while a slow rank catches up.
         self.poll_interval_s = float(poll_interval_s)
         self.poll_max_interval_s = float(poll_max_interval_s)
-        self.counters = StoreCounters()
-        self.log_prefix = ""  # the round sets "[rank=N] " so background warnings name it
-        self._conn = _Connection(parsed, self.request_timeout_s, self.counters)
+        self._conn = _Connection(parsed, self.request_timeout_s)
         self._lock = threading.Lock()  # the store may be shared by a rank's threads
         self._handles: list[EtcdLease] = []
         self._watches: list[EtcdWatch] = []
         #: the store revision of the last answer this store got (what compact() uses)
         self.last_revision: int | None = None
+
+    @property
+    def counters(self) -> StoreCounters:
+        """What this store sent and received (its connection's count: see
+        :class:`~zephon.checkpoint.stores.base.BaseStore`); set, its requests count there."""
+        return self._conn.counters
+
+    @counters.setter
+    def counters(self, value: StoreCounters) -> None:
+        self._conn.counters = value
 
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> EtcdStore:
@@ -236,8 +246,9 @@ class EtcdStore:
                 return keys
             start = _unb64(kvs[-1].get("key")) + b"\x00"
 
-    def delete_prefix(self, prefix: str) -> None:
-        """Remove every key under ``prefix`` (parts included) in one range delete."""
+    def delete_prefix(self, prefix: str, known: Sequence[str] = ()) -> None:
+        """Remove every key under ``prefix`` (parts included) in one range delete
+        (``known`` is not needed: the range covers them)."""
         if not prefix:
             raise ValueError("delete_prefix needs a non-empty prefix")
         start = self._key(prefix)
