@@ -10,8 +10,12 @@
         model=ocp.args.StandardRestore(abstract_train_state),
         loader=zephon.jax.CheckpointRestore(it)))       # a fresh iterator, before next()
 
-What the ``loader`` item directory holds (bytes of :func:`zephon.checkpoint.io.dumps`:
-msgpack + zstd with a checksummed header, never pickle):
+This is Orbax's v0 API (``CheckpointHandler``, ``ocp.args``); for its v1 API
+(``save_checkpointables``), see :mod:`zephon.jax.orbax_v1`. Both write the same files.
+
+What the ``loader`` item directory holds (the layout of :mod:`zephon.checkpoint.layout`;
+bytes of :func:`zephon.checkpoint.io.dumps`: msgpack + zstd with a checksummed header,
+never pickle):
 
 * ``loader.zph`` when the state is merged across ranks (the pipeline has
   ``aggregate_dir=``/``aggregate_store=``, or a single rank). The round's leader, rank 0,
@@ -27,7 +31,12 @@ msgpack + zstd with a checksummed header, never pickle):
 * otherwise ``process_{i}-of-{n}.zph``, one per rank, each with that rank's lanes. Restore
   reads all ``n`` and merges them (:func:`zephon.checkpoint.state.merge_states`), so a job with any
   number of processes can restore it — every process must see every file (a shared
-  filesystem or object store, as Orbax's own multi-host checkpoints need).
+  filesystem or object store, as Orbax's own multi-host checkpoints need); a rank that
+  sees only some of them restores when those hold all of its lanes.
+
+The files need no atomic write of their own: Orbax writes a step into a temporary
+directory and renames it (or marks it committed) once every item of every process is
+written, and never restores an unfinished step.
 
 The state is taken when Orbax calls the handler, inside the blocking part of
 ``manager.save`` (before it returns, also with async checkpointing): the loader as of the
@@ -37,8 +46,6 @@ last batch the training loop received.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import re
 from typing import Any
 
 import orbax.checkpoint as ocp
@@ -46,21 +53,28 @@ from etils import epath
 from orbax.checkpoint import multihost
 from orbax.checkpoint import options as ocp_options
 
-from zephon.checkpoint.io import dumps, loads
-from zephon.checkpoint.state import merge_states
-from zephon.errors import CheckpointError
+from zephon.checkpoint.layout import (
+    INDEX_FORMAT,
+    MERGED_FILE,
+    SHARD_LANES,
+    DirectoryFiles,
+    files_to_write,
+    merged_files,
+    process_file,
+)
+from zephon.checkpoint.layout import read_state as _read_state
 
-__all__ = ["CheckpointRestore", "CheckpointSave", "LoaderCheckpointHandler"]
-
-MERGED_FILE = "loader.zph"
-#: merged states with more lanes than this are written as an index plus lane shards
-SHARD_LANES = 256
-INDEX_FORMAT = "zephon.loader-index"
-_PROCESS_FILE = re.compile(r"^process_(\d+)-of-(\d+)\.zph$")
-
-
-def process_file(rank: int, world_size: int) -> str:
-    return f"process_{rank}-of-{world_size}.zph"
+__all__ = [
+    "INDEX_FORMAT",
+    "MERGED_FILE",
+    "SHARD_LANES",
+    "CheckpointRestore",
+    "CheckpointSave",
+    "LoaderCheckpointHandler",
+    "process_file",
+    "read_state",
+    "write_merged",
+]
 
 
 class LoaderCheckpointHandler(ocp.CheckpointHandler):
@@ -79,32 +93,18 @@ class LoaderCheckpointHandler(ocp.CheckpointHandler):
         self._primary_host = options.primary_host
 
     def save(self, directory: epath.Path, args: CheckpointSave) -> None:
-        state = args.item.checkpoint()
-        topo = state.get("topology", {})
-        share = state.get("share")
-        if isinstance(share, dict):  # a follower of the round: rank 0 writes the merged state
-            if self._primary_host is None:
-                name = process_file(int(share["rank"]), int(share["world_size"]))
-                (directory / name).write_bytes(dumps(state))
-            elif multihost.is_primary_host(self._primary_host):
-                raise CheckpointError(
-                    f"Orbax's primary host (process {self._primary_host}) holds only rank "
-                    f"{share['rank']}'s share of the merged loader state; rank 0, the "
-                    "checkpoint round's leader, holds all of it. Use "
-                    "MultiprocessingOptions(primary_host=0) (the default), or None"
-                )
-            return
-        if topo.get("merged") or int(topo.get("world_size", 1)) == 1:
-            if multihost.is_primary_host(self._primary_host) or self._primary_host is None:
-                write_merged(directory, state)
-            return
-        name = process_file(int(topo["rank"]), int(topo["world_size"]))
-        (directory / name).write_bytes(dumps(state))
+        files = files_to_write(
+            args.item.checkpoint(),
+            primary_host=self._primary_host,
+            is_primary=multihost.is_primary_host(self._primary_host),
+        )
+        for name, blob in files.items():
+            (directory / name).write_bytes(blob)
 
     def restore(self, directory: epath.Path, args: CheckpointRestore) -> Any:
         """Restores the loader in place and returns it (the same object), reading only
         the lane shards of the lanes it owns."""
-        args.item.restore(read_state(directory, lanes=_lanes_of(args.item)))
+        args.item.restore(read_state(directory, lanes=lanes_of(args.item)))
         return args.item
 
     def metadata(self, directory: epath.Path) -> dict[str, Any] | None:
@@ -124,33 +124,13 @@ class LoaderCheckpointHandler(ocp.CheckpointHandler):
 def write_merged(directory: epath.Path, state: dict[str, Any]) -> None:
     """``loader.zph``: the state itself, or (over ``SHARD_LANES`` lanes) an index and the
     lane shards, each written before the index that names it."""
-    lanes = sorted(state.get("lanes") or [], key=lambda ls: int(ls["lane"]))
-    if len(lanes) <= SHARD_LANES:
-        (directory / MERGED_FILE).write_bytes(dumps(state))
-        return
-    header = {k: v for k, v in state.items() if k != "lanes"}
-    shards = []
-    for start in range(0, len(lanes), SHARD_LANES):
-        block = lanes[start : start + SHARD_LANES]
-        first, last = int(block[0]["lane"]), int(block[-1]["lane"])
-        name = f"loader-lanes-{first:06d}-{last:06d}.zph"
-        blob = dumps({"format": "zephon.loader-shard", "lanes": block})
+    for name, blob in merged_files(state).items():
         (directory / name).write_bytes(blob)
-        shards.append(
-            {
-                "file": name,
-                "first_lane": first,
-                "last_lane": last,
-                "count": len(block),
-                "sha256": hashlib.sha256(blob).hexdigest(),
-            }
-        )
-    index = {"format": INDEX_FORMAT, "version": 1, "header": header, "shards": shards}
-    (directory / MERGED_FILE).write_bytes(dumps(index))
 
 
 def read_state(directory: str | epath.Path, lanes: list[int] | None = None) -> dict[str, Any]:
-    """The loader state in an Orbax item directory, merged across ranks.
+    """The loader state in an Orbax item directory, merged across ranks (see
+    :func:`zephon.checkpoint.layout.read_state`).
 
     Args:
         directory: the item directory.
@@ -161,89 +141,14 @@ def read_state(directory: str | epath.Path, lanes: list[int] | None = None) -> d
         CheckpointError: no loader state there, files of different world sizes, a missing
             rank, or a corrupt or mismatched file (named).
     """
-    directory = epath.Path(directory)
-    merged = directory / MERGED_FILE
-    if merged.exists():
-        state = _load(merged)
-        if state.get("format") == INDEX_FORMAT:
-            return _read_shards(directory, state, lanes)
-        return state
-    found: dict[int, set[int]] = {}
-    for p in directory.iterdir():
-        m = _PROCESS_FILE.match(p.name)
-        if m:
-            found.setdefault(int(m.group(2)), set()).add(int(m.group(1)))
-    if not found:
-        raise CheckpointError(
-            f"{directory}: no Zephon loader state ({MERGED_FILE} or process_<i>-of-<n>.zph); "
-            "was this step saved with zephon.jax.CheckpointSave?"
-        )
-    if len(found) > 1:
-        raise CheckpointError(
-            f"{directory}: loader files from different world sizes {sorted(found)}; the step "
-            "directory mixes two jobs"
-        )
-    ((n, ranks),) = found.items()
-    missing = sorted(set(range(n)) - ranks)
-    if lanes is not None and missing:
-        # Shares written by every host (primary_host=None): enough if they hold our lanes.
-        shares = [_load(directory / process_file(r, n)) for r in sorted(ranks)]
-        if all(isinstance(st.get("share"), dict) for st in shares):
-            held = {int(ls["lane"]): ls for st in shares for ls in st["lanes"]}
-            if all(lane in held for lane in lanes):
-                return {**shares[0], "lanes": [held[lane] for lane in sorted(lanes)]}
-    if missing:
-        raise CheckpointError(
-            f"{directory}: loader state of ranks {missing} of {n} is missing "
-            f"({process_file(missing[0], n)}, ...); every process must see every rank's file "
-            "to restore (use shared storage, or aggregate_dir=/aggregate_store= on the pipeline)"
-        )
-    states = [_load(directory / process_file(r, n)) for r in range(n)]
-    return merge_states(states)
+    return _read_state(DirectoryFiles(epath.Path(directory)), lanes)
 
 
-def _read_shards(
-    directory: epath.Path, index: dict[str, Any], lanes: list[int] | None
-) -> dict[str, Any]:
-    wanted = None if lanes is None else {int(x) for x in lanes}
-    out: list[Any] = []
-    for shard in index["shards"]:
-        first, last = int(shard["first_lane"]), int(shard["last_lane"])
-        if wanted is not None and not any(first <= lane <= last for lane in wanted):
-            continue
-        path = directory / shard["file"]
-        try:
-            blob = path.read_bytes()
-        except FileNotFoundError as e:
-            raise CheckpointError(
-                f"{path}: lane shard named by {MERGED_FILE} is missing; the step directory is "
-                "incomplete"
-            ) from e
-        if hashlib.sha256(blob).hexdigest() != shard["sha256"]:
-            raise CheckpointError(
-                f"{path}: sha256 differs from the one {MERGED_FILE} records for it; the shard "
-                "belongs to another save or is corrupt"
-            )
-        try:
-            block = loads(blob)["lanes"]
-        except (CheckpointError, KeyError) as e:
-            raise CheckpointError(f"{path}: {e}") from e
-        out.extend(ls for ls in block if wanted is None or int(ls["lane"]) in wanted)
-    return {**index["header"], "lanes": out}
-
-
-def _lanes_of(item: Any) -> list[int] | None:
+def lanes_of(item: Any) -> list[int] | None:
     """The lanes a Pipeline (or the pipeline of a GlobalBatches) owns."""
     pipe = getattr(item, "pipeline", item)
     lanes = getattr(pipe, "lanes", None)
     return None if lanes is None else [int(x) for x in lanes]
-
-
-def _load(path: epath.Path) -> dict[str, Any]:
-    try:
-        return loads(path.read_bytes())
-    except CheckpointError as e:
-        raise CheckpointError(f"{path}: {e}") from e
 
 
 @ocp.args.register_with_handler(LoaderCheckpointHandler, for_save=True)
