@@ -62,12 +62,10 @@
  * 16, so no common destination alignment lands in the aliasing window, and
  * the bytes in front of the first array hold the message header and (when it
  * fits) the metadata. tests/unit/shm/bench_aliasing.py measures copy speed
- * against placement. On the development host (Intel Xeon, glibc 2.36,
- * numpy 2.4) memcpy-based copies showed no aliasing penalty (4 MiB: 13.1-13.5
- * GB/s at every (dst - src) mod 4096; 192 KiB: 28-37 GB/s, no pattern), while a
- * SIMD ufunc loop (np.add into a buffer) ran ~27 GB/s at distances 0-48 against
- * 33-35 GB/s at 128-2048. The phase is insurance for CPUs and copy loops that
- * do pay the penalty, at a cost of at most 4 KiB per large array.
+ * against placement (the figures are on the docs' Performance page, under
+ * "Transport"): memcpy-based copies may show no penalty on a given CPU while a
+ * SIMD loop does. The phase is insurance for CPUs and copy loops that do pay
+ * the penalty, at a cost of at most 4 KiB per large array.
  */
 #ifndef ZEPHON_RING_H
 #define ZEPHON_RING_H

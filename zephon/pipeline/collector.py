@@ -1,14 +1,15 @@
 """Pausing CPython's cyclic garbage collector around a call that builds a big acyclic value.
 
-A rank owning thousands of lanes holds about a million tracked objects (pieces waiting in
+A rank owning thousands of lanes holds a great many tracked objects (pieces waiting in
 bins, trackers, work sources), and iteration frees about as many as it makes. CPython lowers
 the young generation's count when any tracked object is freed, old ones included, so young
-collections hardly run and the young generation fills with up to ~175,000 survivors that no
-collection has scanned yet. A call that then allocates tens of thousands of objects and keeps
-them (a checkpoint of 4,096 lanes builds one state dict per lane) triggers collections that
-scan that backlog: 5-140 ms of a 20 ms checkpoint, and once in a while a full collection
-(over half a second). The state is dicts, lists, ints and bytes: it holds no cycle to find,
-so the collector is paused while it is built.
+collections hardly run and the young generation fills with survivors that no collection has
+scanned yet. A call that then allocates many objects and keeps them (a checkpoint builds one
+state dict per lane) triggers collections that scan that backlog, which can cost several
+times the checkpoint itself, and once in a while a full collection. The state is dicts,
+lists, ints and bytes: it holds no cycle to find, so the collector is paused while it is
+built. (The sizes and times are on the docs' Performance page, under "One rank owning many
+lanes": ``python -m benchmarks.many_lanes``.)
 
 With ``promote`` (a process owning :data:`PROMOTE_LANES` lanes or more: what
 :meth:`zephon.Pipeline.local_checkpoint` asks), what is alive when the pause begins and what
