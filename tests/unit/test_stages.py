@@ -128,7 +128,7 @@ def test_fused_pipeline_with_pack_options_resumes_exactly(pack_kw) -> None:
 
 
 def _plan(ops: list[Any]) -> Any:
-    return compile_plan(ops, flush_every_k_chunks=None, workers=0, prefetch=0, chunk_size=8)
+    return compile_plan(ops, flush_every_k_chunks=None)
 
 
 def _step_names(ops: list[Any]) -> list[str]:

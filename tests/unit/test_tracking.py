@@ -12,7 +12,7 @@ from zephon import records
 from zephon.chunks import WorkChunk
 from zephon.records import Contributor, FlushSentinel, SampleCursor
 from zephon.tracking import tracker as tracking
-from zephon.tracking.checks import HELD
+from zephon.tracking.schema import HELD
 from zephon.tracking.tracker import EPOCH, MONOTONE, ChunkTrack, LaneTracker
 
 
@@ -213,11 +213,11 @@ def _fresh_states(pipe) -> list:
     out = []
     for lane in engine.lanes:
         tracker = engine.trackers[lane]
-        cached = (tracker._state, tracker._chunks, tracker._base)
-        tracker._state, tracker._chunks, tracker._base = None, None, None
+        cached = (tracker._state, tracker._base)
+        tracker._state, tracker._base = None, None
         fresh = copy.deepcopy(tracker.state())
         out.append(fresh)
-        tracker._state, tracker._chunks, tracker._base = cached
+        tracker._state, tracker._base = cached
         if cached[0] is not None:  # the same entries in the same order (msgpack keeps it)
             assert list(cached[0]) == list(fresh)
     return out

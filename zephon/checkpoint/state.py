@@ -8,7 +8,7 @@ A state is a plain msgpack-able dict::
      "canonical_replicas": L, "flush_every_k_chunks": k, "eviction": "watermark"|"epoch",
      "topology": {"rank", "world_size", "dp_rank", "dp_size", "canonical_replicas"
                   [, "merged": True]},
-     "lanes": [lane state, ...],              # see zephon.tracking.tracker.LaneTracker.state
+     "lanes": [lane state, ...],              # see zephon.tracking.schema
      "round_robin": {"dp_size": D, "next_lanes": {"<dp rank>": lane}},
      "step": S,                                # batches delivered since the start of
                                                # the data: the same on every rank at a
@@ -29,7 +29,8 @@ from typing import Any
 from zephon._fingerprint import describe_differences
 from zephon.errors import CheckpointError
 from zephon.topology import Topology
-from zephon.tracking.checks import checked_count
+from zephon.tracking.checks import checked_count, shown
+from zephon.tracking.schema import LANE
 
 FORMAT = "zephon.pipeline"
 FORMAT_VERSION = 1
@@ -110,9 +111,7 @@ def checked_layout(state: dict[str, Any]) -> tuple[dict[int, Any], dict[int, int
     checked for shape; a CheckpointError names what is malformed."""
 
     def fail(what: str, value: Any) -> CheckpointError:
-        return CheckpointError(
-            f"malformed checkpoint: {what}; got {type(value).__name__} {value!r:.80}"
-        )
+        return CheckpointError(f"malformed checkpoint: {what}; got {shown(value)}")
 
     def count(what: str, value: Any) -> int:
         try:
@@ -125,9 +124,9 @@ def checked_layout(state: dict[str, Any]) -> tuple[dict[int, Any], dict[int, int
         raise fail("'lanes' must be a list of lane states", lanes)
     by_lane: dict[int, Any] = {}
     for ls in lanes:
-        if not isinstance(ls, dict) or "lane" not in ls:
-            raise fail("every entry of 'lanes' must be a dict with a 'lane'", ls)
-        lane = count("a lane id", ls["lane"])
+        if not isinstance(ls, dict) or LANE not in ls:
+            raise fail(f"every entry of 'lanes' must be a dict with a {LANE!r}", ls)
+        lane = count("a lane id", ls[LANE])
         if lane in by_lane:
             raise CheckpointError(f"malformed checkpoint: lane {lane} appears twice in 'lanes'")
         by_lane[lane] = ls
@@ -179,7 +178,7 @@ def merge_states(states: list[dict[str, Any]]) -> dict[str, Any]:
             )
         next_lanes.update(st["round_robin"]["next_lanes"])
         for ls in st["lanes"]:
-            lane = int(ls["lane"])
+            lane = int(ls[LANE])
             if lane in lanes:
                 if lanes[lane] != ls:
                     raise AggregationError(

@@ -9,6 +9,19 @@ from typing import Any
 
 from zephon._fingerprint import expand_parts
 from zephon.checkpoint.io import load, peek_header
+from zephon.tracking.schema import (
+    BATCHES,
+    BOUNDARIES,
+    CHUNK_COMPONENTS,
+    CHUNK_ID,
+    CHUNK_INDICES,
+    CURSOR,
+    DONE,
+    INFLIGHT,
+    LANE,
+    NEXT_CHUNK_ID,
+    SOURCE,
+)
 from zephon.work_sources.lane_state import decode_state
 
 
@@ -17,19 +30,19 @@ def summarize(
 ) -> dict[str, Any]:
     lanes = []
     for ls in state.get("lanes", []):
-        inflight = ls.get("inflight", [])
-        samples = sum(len(c["indices"]) // 8 for c in inflight)
+        inflight = ls.get(INFLIGHT, [])
+        samples = sum(len(c[CHUNK_INDICES]) // 8 for c in inflight)
         lanes.append(
             {
-                "lane": ls["lane"],
-                "inflight_chunk_ids": [c["chunk_id"] for c in inflight],
-                "epoch_boundaries": list(ls.get("boundaries", [])),
-                "replay_cursor": ls.get("cursor"),
-                "batches_delivered": ls.get("batches"),
-                "next_chunk_id": ls.get("next_chunk_id"),
-                "work_source": ls.get("source"),
+                "lane": ls[LANE],
+                "inflight_chunk_ids": [c[CHUNK_ID] for c in inflight],
+                "epoch_boundaries": list(ls.get(BOUNDARIES, [])),
+                "replay_cursor": ls.get(CURSOR),
+                "batches_delivered": ls.get(BATCHES),
+                "next_chunk_id": ls.get(NEXT_CHUNK_ID),
+                "work_source": ls.get(SOURCE),
                 "replays": {"chunks": len(inflight), "samples": samples},
-                "done": ls.get("done"),
+                "done": ls.get(DONE),
             }
         )
     return {
@@ -109,7 +122,7 @@ def mixture(state: dict[str, Any]) -> list[dict[str, Any]] | None:
     samples, tokens, in_flight = [0] * n, [0] * n, [0] * n
     known_tokens = False
     for ls in lanes:
-        src = ls.get("source") if isinstance(ls, dict) else None
+        src = ls.get(SOURCE) if isinstance(ls, dict) else None
         if not isinstance(src, dict):
             return None
         try:
@@ -128,8 +141,8 @@ def mixture(state: dict[str, Any]) -> list[dict[str, Any]] | None:
                 known_tokens = True
             for c, v in enumerate(values):
                 acc[c] += v
-        for chunk in ls.get("inflight", []):
-            raw = chunk.get("components") if isinstance(chunk, dict) else None
+        for chunk in ls.get(INFLIGHT, []):
+            raw = chunk.get(CHUNK_COMPONENTS) if isinstance(chunk, dict) else None
             if isinstance(raw, bytes):
                 for c in _int32s(raw):
                     if 0 <= c < n:

@@ -18,7 +18,7 @@ import threading
 import time
 import warnings
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -26,8 +26,11 @@ from zephon.errors import CheckpointError, DataStallWarning, PipelineClosedError
 from zephon.plan.compile import Plan
 from zephon.runners.base import Executor, LaneRun
 from zephon.runners.chain import LaneCounts, LaneOutput
-from zephon.runners.lanes import schedule
+from zephon.runners.lanes import LOCKSTEP, schedule
 from zephon.tracking.tracker import LaneTracker
+
+if TYPE_CHECKING:
+    from zephon.pipeline.options import Options
 
 _DONE = object()
 _POLL_S = 0.1
@@ -75,24 +78,25 @@ STALL_MIN_BUSY_S = 1.0
 
 
 class Engine:
+    """Runs ``plan`` for the lanes of ``trackers`` with the pipeline's ``options``
+    (``output``, ``prefetch``), the operators in ``executor``."""
+
     def __init__(
         self,
         plan: Plan,
         trackers: dict[int, LaneTracker],
-        output: str,
-        prefetch: int,
+        options: Options,
         executor: Executor,
     ) -> None:
         self.plan = plan
         self.trackers = trackers
         self.lanes = sorted(trackers)
-        self.output = output
-        self.prefetch = prefetch
+        self.options = options
         self.executor = executor
         #: ``batch(pad_last=True)``: in lockstep, lanes that ended get padded rows until
         #: every lane has ended (the Batch operator makes them).
         self.pad_op = None if plan.padding is None else plan.ops[plan.padding]
-        self.pad_ended = output == "lockstep" and self.pad_op is not None
+        self.pad_ended = options.output == LOCKSTEP and self.pad_op is not None
         self._ends: list[LaneOutput] = []
         self.lock = threading.RLock()
         self.next_lane = self.lanes[0]  # consumer side: whose turn after the last delivery
@@ -101,7 +105,7 @@ class Engine:
         self.step = 0
         self.replayed_chunks = 0
         self.started = False
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=max(prefetch, 1))
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=max(options.prefetch, 1))
         self._thread: threading.Thread | None = None
         self._pump_wanted = False
         self._pump_go = threading.Event()
@@ -114,8 +118,6 @@ class Engine:
         self.closed = False
         #: Each lane's operator counters as of its last delivered output (see stats()).
         self.lane_counts: dict[int, LaneCounts] = {}
-        #: How the knobs stand, for the data-stall warning (e.g. "workers=0, prefetch=3").
-        self.knobs = f"prefetch={prefetch}"
         self._calls = 0
         self._wait_s = 0.0  # inside next(), the first call (start-up) left out
         self._busy_s = 0.0  # between a next() returning and the next call
@@ -133,7 +135,7 @@ class Engine:
         done = [lane for lane in self.lanes if self.trackers[lane].done]
         for item in schedule(
             self.lanes,
-            self.output,
+            self.options.output,
             self.executor.next_output,
             start_lane=self.next_lane,
             done=done,
@@ -207,7 +209,6 @@ class Engine:
         self.executor.start(
             LaneRun(
                 self.lanes,
-                self.output,
                 self.pull,
                 targets,
                 self.next_lane,
@@ -217,7 +218,7 @@ class Engine:
             )
         )
         self._gen = self._produce()
-        self._pump_wanted = self.prefetch > 0
+        self._pump_wanted = self.options.prefetch > 0
 
     # -------------------------------------------------------------- delivery
     def next(self) -> Any:
@@ -253,7 +254,8 @@ class Engine:
             f"zephon: the training loop spent {self.wait_fraction():.0%} of its time waiting "
             f"in next() for data over {self._calls} batches (more than "
             f"{STALL_FRACTION:.0%}); the loader is the bottleneck: raise Pipeline(workers=...) "
-            f"or prefetch=, or fetch(parallelism=) for slow storage (now {self.knobs}). "
+            "or prefetch=, or fetch(parallelism=) for slow storage (now "
+            f"workers={self.options.workers}, prefetch={self.options.prefetch}). "
             "stats()['next_wait_fraction'] follows it. Warned once per run",
             DataStallWarning,
             stacklevel=3,
@@ -392,7 +394,7 @@ class Engine:
             "lanes": lanes,
             "operators": self._operator_stats(),
             "queue_fill": self._queue.qsize(),
-            "final_prefetch": self.prefetch,
+            "final_prefetch": self.options.prefetch,
             "replayed_chunks": self.replayed_chunks,
             "replay_dropped_records": sum(c.replay_dropped for c in self.lane_counts.values()),
             "io_retries": sum(c.io_retries for c in self.lane_counts.values()),

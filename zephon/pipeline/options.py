@@ -39,7 +39,12 @@ MAX_RING_SLOTS = 2**16
 
 class Options(NamedTuple):
     """Pipeline's arguments as the pipeline keeps them: checked, defaults filled in,
-    ``workers="auto"`` resolved, numbers of seconds as floats, the seed as an int."""
+    ``workers="auto"`` resolved, numbers of seconds as floats, the seed as an int.
+
+    The one copy of them: the pipeline shows them as read-only properties, its engine
+    reads them here, the worker processes get theirs by name
+    (:class:`~zephon.runners.processes.WorkerOptions`), and the plan is compiled from the
+    few that decide it (never keeping them)."""
 
     topology: Topology
     canonical_replicas: int
@@ -58,6 +63,12 @@ class Options(NamedTuple):
     worker_timeout_s: float
     worker_start_method: str
     seed: int | None
+
+    @property
+    def lanes_per_process(self) -> int:
+        """Derived: the most lanes one process runs (this rank's lanes dealt to its worker
+        processes, or all of them in this process)."""
+        return -(-len(self.topology.lanes) // max(self.workers, 1))
 
 
 def checked_options(

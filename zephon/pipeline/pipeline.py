@@ -62,8 +62,14 @@ class Pipeline(ChainBuilder):
             ``"auto"``: :func:`auto_workers` — one per CPU this process may run on, less
             one for the training loop, at most 8 and at most this rank's lanes (a machine
             with one CPU gets 0).
-        rank, world_size, dp_rank, dp_size: this process's place in a multi-host job;
-            default to JAX's process index/count when ``jax.distributed`` is initialised.
+        rank: this process's rank in a multi-host job; defaults to
+            ``jax.process_index()`` when ``jax.distributed`` is initialised, else 0.
+        world_size: the number of ranks; defaults to ``jax.process_count()`` when
+            ``jax.distributed`` is initialised, else 1.
+        dp_rank: this rank's data-parallel group (default: ``rank``); model-parallel peers
+            of one group read the same lanes.
+        dp_size: the number of data-parallel groups (default: ``world_size``); it must
+            divide ``canonical_replicas``.
         output: ``"interleave"`` (one lane's batch per step, round-robin) or ``"lockstep"``
             (one batch of every lane per step, concatenated in lane order). At the end of
             a finite stream, interleave goes on round-robin over the lanes that have data
@@ -73,8 +79,12 @@ class Pipeline(ChainBuilder):
             (with ``drop_last=False`` the last step may hold lanes' partial batches), and
             what the other lanes still held is not delivered. Either way every worker
             count yields exactly the stream of ``workers=0``.
-        aggregate_dir, aggregate_store, aggregate_timeout_s: multi-rank checkpoint rounds
-            (see :meth:`checkpoint`); ``aggregate_timeout_s`` is one round's whole budget.
+        aggregate_dir: a directory or fsspec URL that every rank can reach, where the
+            ranks run their checkpoint rounds (see :meth:`checkpoint`).
+        aggregate_store: a key-value store for the rounds instead: ``"etcd://host:port"``
+            (``?blobs=DIR`` puts the ranks' states in a directory), ``"jax://"`` (the JAX
+            coordination service) or ``"torch://"`` (torch's TCPStore).
+        aggregate_timeout_s: one round's whole budget, in seconds.
         aggregate_lease_s: how long a rank's liveness key outlives its process: a job
             restarted on another host after a crash waits this long for the dead ranks'
             keys (on the same host it takes them over at once), and followers give a round
@@ -91,11 +101,10 @@ class Pipeline(ChainBuilder):
             batches are not delivered: the checkpoint cut stays at the last ``next()``.
             ``None`` (the default): 3 in process, 0 with workers, whose rings already hold
             up to ``ring_slots`` finished batches each; there a pump thread only competes
-            with the workers for the cores (two workers on 2 cores: 55-93% of the best
-            throughput with a pump of 3, 100% without; ``python -m benchmarks.ring_depth``).
+            with the workers for the cores (measured by ``python -m benchmarks.ring_depth``).
         ring_slots: with workers, the slots of each worker's shared-memory ring: how many
-            batches a worker may have finished ahead of the parent (``None``: 16; 8 slots
-            gave 74-75% of the best on the LM workload, 16 gave 100%).
+            batches a worker may have finished ahead of the parent (``None``: 16, the
+            depth that ``python -m benchmarks.ring_depth`` found best).
         zero_copy: with workers, yield views into shared memory valid until the next
             ``next()`` instead of arrays the caller owns (needs ``ring_slots >=
             prefetch + 2``: the views and the prefetched batches hold slots).
@@ -162,25 +171,8 @@ class Pipeline(ChainBuilder):
             worker_start_method=worker_start_method,
             seed=seed,
         )
-        self._options = options
-        self._topology: Topology = options.topology
+        self._options = options  # the one copy of the arguments: see the properties below
         self.source = source
-        self.canonical_replicas = options.canonical_replicas
-        self.flush_every_k_chunks = options.flush_every_k_chunks
-        self.workers = options.workers
-        self.output = options.output
-        self.aggregate_dir = options.aggregate_dir
-        self.aggregate_store = options.aggregate_store
-        self.aggregate_timeout_s = options.aggregate_timeout_s
-        self.aggregate_lease_s = options.aggregate_lease_s
-        self.job_id = options.job_id
-        self.prefetch = options.prefetch
-        self.ring_slots = options.ring_slots
-        self.zero_copy = options.zero_copy
-        self.seed = options.seed
-        self.ring_slot_bytes = options.ring_slot_bytes
-        self.worker_timeout_s = options.worker_timeout_s
-        self.worker_start_method = options.worker_start_method
         super().__init__()  # the chain: no operators yet
         self._plan: Plan | None = None
         self._engine: Engine | None = None
@@ -199,6 +191,92 @@ class Pipeline(ChainBuilder):
         new._closed = False
         return new
 
+    # ------------------------------------------------------- the arguments
+    # Read-only, as checked and resolved; each is documented on the class.
+    @property
+    def canonical_replicas(self) -> int:
+        """The number of lanes."""
+        return self._options.canonical_replicas
+
+    @property
+    def flush_every_k_chunks(self) -> int | None:
+        """As given (None: chosen by the plan; ``checkpoint()`` shows the one in use)."""
+        return self._options.flush_every_k_chunks
+
+    @property
+    def workers(self) -> int:
+        """Worker processes (``"auto"`` resolved)."""
+        return self._options.workers
+
+    @property
+    def output(self) -> str:
+        """``"interleave"`` or ``"lockstep"``."""
+        return self._options.output
+
+    @property
+    def aggregate_dir(self) -> str | None:
+        """Where the checkpoint rounds run (None: no rounds, or a store)."""
+        return self._options.aggregate_dir
+
+    @property
+    def aggregate_store(self) -> str | None:
+        """The key-value store of the checkpoint rounds (None: no rounds, or a directory)."""
+        return self._options.aggregate_store
+
+    @property
+    def aggregate_timeout_s(self) -> float:
+        """One checkpoint round's whole budget, in seconds."""
+        return self._options.aggregate_timeout_s
+
+    @property
+    def aggregate_lease_s(self) -> float:
+        """How long a rank's liveness key outlives its process, in seconds."""
+        return self._options.aggregate_lease_s
+
+    @property
+    def job_id(self) -> str | None:
+        """As given (None: resolved by the checkpoint rounds)."""
+        return self._options.job_id
+
+    @property
+    def prefetch(self) -> int:
+        """The pump's depth (its default resolved)."""
+        return self._options.prefetch
+
+    @property
+    def ring_slots(self) -> int:
+        """Slots per worker ring (its default resolved)."""
+        return self._options.ring_slots
+
+    @property
+    def zero_copy(self) -> bool:
+        """With workers, batches are views into shared memory."""
+        return self._options.zero_copy
+
+    @property
+    def ring_slot_bytes(self) -> int | None:
+        """As given (None: sized from the batches)."""
+        return self._options.ring_slot_bytes
+
+    @property
+    def worker_timeout_s(self) -> float:
+        """Seconds a worker may produce nothing before it is reported hung."""
+        return self._options.worker_timeout_s
+
+    @property
+    def worker_start_method(self) -> str:
+        """How worker processes start: ``"spawn"``, ``"forkserver"`` or ``"fork"``."""
+        return self._options.worker_start_method
+
+    @property
+    def seed(self) -> int | None:
+        """As given (None: the work source's)."""
+        return self._options.seed
+
+    @property
+    def _topology(self) -> Topology:
+        return self._options.topology
+
     # ------------------------------------------------------------- compile
     @property
     def lanes(self) -> list[int]:
@@ -207,21 +285,20 @@ class Pipeline(ChainBuilder):
 
     def _compiled(self) -> Plan:
         if self._plan is None:
+            opts = self._options
             self._plan = compile_pipeline(
                 self._ops,
                 self.source,
-                flush_every_k_chunks=self.flush_every_k_chunks,
-                workers=self.workers,
-                prefetch=self.prefetch,
-                ring_slots=self.ring_slots,
-                seed=self.seed,
-                lanes=len(self._topology.lanes),
+                flush_every_k_chunks=opts.flush_every_k_chunks,
+                seed=opts.seed,
+                lanes_per_process=opts.lanes_per_process,
             )
         return self._plan
 
     def explain(self) -> str:
         """Stages, runners and queue sizes, in the seed page's format."""
-        return explain(self._compiled())
+        chunk_size = int(getattr(self.source, "chunk_size", 64))
+        return explain(self._compiled(), self._options, chunk_size)
 
     def fingerprint(self) -> str:
         """A hash of the pipeline definition that a checkpoint must match to be restored:

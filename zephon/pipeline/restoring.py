@@ -16,7 +16,8 @@ from zephon.checkpoint.share import Share
 from zephon.checkpoint.state import FINGERPRINT_PARTS, check_header, checked_layout
 from zephon.errors import CheckpointError
 from zephon.operators.ensure_mixture import EnsureMixture
-from zephon.tracking.checks import HELD, checked_holds
+from zephon.tracking.checks import checked_holds
+from zephon.tracking.schema import HELD, NEXT_CHUNK_ID, SOURCE
 from zephon.work_sources.mixture_change import (
     MixtureChange,
     check_inflight,
@@ -158,7 +159,7 @@ def change_mixture(
     new_holds: dict[int, list[list[Any]]] = {}
     for lane, ls in mine.items():
         entries = [[o, until, remapped(w)] for o, until, w in holds.get(lane, [])]
-        next_id = ls.get("next_chunk_id") if isinstance(ls, dict) else None
+        next_id = ls.get(NEXT_CHUNK_ID) if isinstance(ls, dict) else None
         if isinstance(next_id, int) and next_id > 0 and k > 0:
             until = -(-next_id // k) * k  # the flush that ends the lane's last epoch
             for i, op in ensure:
@@ -173,11 +174,11 @@ def change_mixture(
             continue  # malformed: the tracker's checks name it
         try:
             translated = source.for_lane(lane, pipe.canonical_replicas).remapped_state(
-                ls.get("source"), old_names, kept
+                ls.get(SOURCE), old_names, kept
             )
         except CheckpointError as e:
             raise CheckpointError(f"lane {lane}: work source state: {e}") from e
-        lane_state = {**remap_inflight(ls, old_to_new), "source": translated}
+        lane_state = {**remap_inflight(ls, old_to_new), SOURCE: translated}
         lane_state.pop(HELD, None)
         out[lane] = lane_state
     if change.replaced:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from zephon.checkpoint.state import lanes_of_rank, merge_states
 from zephon.pipeline.engine import Engine
 from zephon.runners.local import LocalExecutor
-from zephon.runners.processes import ProcessExecutor
+from zephon.runners.processes import ProcessExecutor, WorkerOptions
 from zephon.tracking.tracker import LaneTracker
 
 if TYPE_CHECKING:
@@ -40,21 +40,10 @@ def start_engine(plan: Plan, source: Any, opts: Options) -> Engine:
     }
     executor: Any
     if opts.workers > 0:
-        executor = ProcessExecutor(
-            plan,
-            opts.workers,
-            zero_copy=opts.zero_copy,
-            slot_bytes=opts.ring_slot_bytes,
-            nslots=opts.ring_slots,
-            start_method=opts.worker_start_method,
-            worker_timeout_s=opts.worker_timeout_s,
-            components=_components(source),
-        )
+        executor = ProcessExecutor(plan, WorkerOptions.of(opts), _components(source))
     else:
         executor = LocalExecutor(plan)
-    engine = Engine(plan, trackers, opts.output, opts.prefetch, executor)
-    engine.knobs = f"workers={opts.workers}, prefetch={opts.prefetch}"
-    return engine
+    return Engine(plan, trackers, opts, executor)
 
 
 def _components(source: Any) -> tuple[tuple[str, Any], ...]:

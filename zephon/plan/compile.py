@@ -14,7 +14,8 @@ thread) and one step per operator, except where ``[tokenize ->] split -> pack`` 
 ``"tokens"`` run as one fused stage (:class:`~zephon.operators.pack.fused.SplitPack`), which
 the replay filter lets know which lanes are replaying; when that stage takes the head's
 pre-tokenized samples, the head reads documents of token files as spans of the mapped
-files (:attr:`Plan.spans`). ``explain()`` prints exactly that.
+files (:attr:`Plan.spans`). ``explain()`` prints exactly that, with where it runs (the
+pipeline's options: worker processes, rings, prefetch), which a plan does not keep.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from zephon.operators.base import Operator, PipelineContext
 from zephon.operators.batch import Batch
@@ -41,6 +42,8 @@ STREAM_ITEMS = "stream_items"
 @dataclass
 class Plan:
     """A compiled pipeline: its operators (the replay filter included) and what runs.
+    Only what compiling decides: the pipeline's options stay the pipeline's (what runs the
+    plan reads them from :mod:`zephon.pipeline.options`).
 
     Attributes:
         ops: the operators, the replay filter at ``filter_index``.
@@ -69,20 +72,10 @@ class Plan:
     filter_index: int
     reads: bool
     fused: tuple[tuple[int, int], ...]
-    workers: int
-    prefetch: int
-    ring_slots: int
-    chunk_size: int
     padding: int | None
     readers: tuple[int, ...]
     hold_text: bool = False
     spans: bool = False
-
-    @property
-    def replay_filter(self) -> ReplayFilter:
-        op = self.ops[self.filter_index]
-        assert isinstance(op, ReplayFilter)
-        return op
 
     def build(self, ops: list[Operator]) -> tuple[ReadChunks, list[Step]]:
         """The head and the steps that run ``ops`` (fresh copies of :attr:`ops`, index for
@@ -143,17 +136,11 @@ HOLD_TEXT_LANES = 1024
 
 
 def compile_plan(
-    ops: list[Operator],
-    *,
-    flush_every_k_chunks: int | None,
-    workers: int,
-    prefetch: int,
-    chunk_size: int,
-    ring_slots: int = 0,
-    lanes: int = 1,
+    ops: list[Operator], *, flush_every_k_chunks: int | None, lanes_per_process: int = 1
 ) -> Plan:
-    """The plan of ``ops`` for a rank of ``lanes`` lanes over ``workers`` worker
-    processes (0: in this process)."""
+    """The plan of ``ops`` with the flush cadence the pipeline asks for, for processes
+    that run ``lanes_per_process`` lanes each (derived from the rank's lanes and worker
+    processes)."""
     batch_at = [i for i, op in enumerate(ops) if op.name == "batch"]
     if len(batch_at) > 1:
         raise ValueError(f"a pipeline may have one batch operator; got {len(batch_at)}")
@@ -190,13 +177,9 @@ def compile_plan(
         filter_index=at,
         reads=reads,
         fused=tuple(fused),
-        workers=workers,
-        prefetch=prefetch,
-        ring_slots=ring_slots,
-        chunk_size=chunk_size,
         padding=padding,
         readers=tuple(i for i, op in enumerate(full) if isinstance(op, Fetch)),
-        hold_text=-(-lanes // max(workers, 1)) >= HOLD_TEXT_LANES,
+        hold_text=lanes_per_process >= HOLD_TEXT_LANES,
         spans=spans,
     )
 
@@ -206,25 +189,18 @@ def compile_pipeline(
     source: Any,
     *,
     flush_every_k_chunks: int | None,
-    workers: int,
-    prefetch: int,
-    ring_slots: int,
     seed: int | None,
-    lanes: int = 1,
+    lanes_per_process: int = 1,
 ) -> Plan:
     """The plan of a pipeline's operators (fresh copies of ``ops``) over the work source
-    ``source`` for a rank of ``lanes`` lanes, every operator bound to the source's
-    context: its datasets, weights and names, and ``seed`` (None: the source's)."""
+    ``source`` (see :func:`compile_plan`), every operator bound to the source's context:
+    its datasets, weights and names, and ``seed`` (None: the source's)."""
     if not ops:
         raise ValueError("the pipeline has no operators; add at least .fetch()")
     plan = compile_plan(
         [op.fresh() for op in ops],
         flush_every_k_chunks=flush_every_k_chunks,
-        workers=workers,
-        prefetch=prefetch,
-        chunk_size=int(getattr(source, "chunk_size", 64)),
-        ring_slots=ring_slots,
-        lanes=lanes,
+        lanes_per_process=lanes_per_process,
     )
     ctx = PipelineContext(
         datasets=tuple(getattr(source, "datasets", ())),
@@ -238,12 +214,26 @@ def compile_pipeline(
     return plan
 
 
-def explain(plan: Plan) -> str:
-    """The plan as it runs, in the seed page's format: stages of consecutive steps of one
-    mode (``microbatches``: order-keeping stateless steps, a chunk's records at a time;
-    ``stream_items``: history-dependent ones), each step as ``name@pN`` (a fused stage
-    names its operators with ``+``), ``in_q`` the records a step hands the next at once (a
-    chunk), then the worker rings and the consumer's prefetch."""
+class Placement(Protocol):
+    """Where a plan runs, as :func:`explain` shows it: the pipeline's options
+    (:class:`~zephon.pipeline.options.Options`) under their names."""
+
+    @property
+    def workers(self) -> int: ...
+
+    @property
+    def ring_slots(self) -> int: ...
+
+    @property
+    def prefetch(self) -> int: ...
+
+
+def explain(plan: Plan, where: Placement, chunk_size: int) -> str:
+    """The plan as it runs ``where``, in the seed page's format: stages of consecutive
+    steps of one mode (``microbatches``: order-keeping stateless steps, a chunk's records
+    at a time; ``stream_items``: history-dependent ones), each step as ``name@pN`` (a fused
+    stage names its operators with ``+``), ``in_q`` the records a step hands the next at
+    once (a chunk of ``chunk_size``), then the worker rings and the consumer's prefetch."""
     head, steps = plan.build(plan.ops)
     entries: list[tuple[str, str, int]] = []  # (mode, shown name, parallelism)
     if head.fetch is not None:
@@ -257,24 +247,25 @@ def explain(plan: Plan) -> str:
             stages[-1].append(entry)
         else:
             stages.append([entry])
-    place = "worker" if plan.workers > 0 else "local"
+    workers = where.workers
+    place = "worker" if workers > 0 else "local"
     lines = []
     for index, stage in enumerate(stages):
         mode = stage[0][0]
         cap = max(p for _, _, p in stage) if mode == MICROBATCHES else 1
-        runner = "processes" if plan.workers > 0 else ("threads" if cap > 1 else "inline")
-        if plan.workers > 0:
-            cap = plan.workers  # a worker runs every step of its lanes
+        runner = "processes" if workers > 0 else ("threads" if cap > 1 else "inline")
+        if workers > 0:
+            cap = workers  # a worker runs every step of its lanes
         lines.append(f"Stage[{index}] place={place} runner={runner} cap={cap} mode={mode}")
-        sep = f" -[in_q={plan.chunk_size}]-> " if mode == MICROBATCHES else " -> "
+        sep = f" -[in_q={chunk_size}]-> " if mode == MICROBATCHES else " -> "
         lines.append("  " + sep.join(f"{name}@p{p}" for _, name, p in stage))
         if index < len(stages) - 1:
-            lines.append(f"  --[stage_out={plan.chunk_size}]-->")
-    if plan.workers > 0:
-        lines.append(f"  ==[ring_slots={plan.ring_slots} per worker]==> parent")
-    lines.append(f"  ==[final_prefetch={plan.prefetch}]==> pipeline_end")
+            lines.append(f"  --[stage_out={chunk_size}]-->")
+    if workers > 0:
+        lines.append(f"  ==[ring_slots={where.ring_slots} per worker]==> parent")
+    lines.append(f"  ==[final_prefetch={where.prefetch}]==> pipeline_end")
     lines.append(
         f"eviction={plan.eviction} flush_every_k_chunks={plan.flush_every_k_chunks}"
-        + (f" workers={plan.workers}" if plan.workers else "")
+        + (f" workers={workers}" if workers else "")
     )
     return "\n".join(lines)

@@ -108,7 +108,3 @@ class ReadChunks:
             return ChunkRecords(chunk, comps, ahead.result())
         samples = self.fetch.read(comps, chunk.indices.tolist(), chunk.lane, self.spans)
         return ChunkRecords(chunk, comps, samples)
-
-    @property
-    def name(self) -> str:
-        return "read_chunks" if self.fetch is None else "fetch"

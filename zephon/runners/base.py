@@ -8,16 +8,12 @@ everything it needs as values in a :class:`LaneRun`, never the engine itself.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from zephon.records import SampleCursor
 from zephon.runners.chain import LaneOutput
-
-#: A lane's next feed unit: a chunk (maybe followed by a flush sentinel), the final
-#: sentinel, or nothing once the lane has ended.
-Pull = Callable[[int], list[Any]]
+from zephon.runners.lanes import Pull
 
 
 @dataclass(frozen=True)
@@ -26,7 +22,6 @@ class LaneRun:
 
     Attributes:
         lanes: the rank's lanes, ascending.
-        output: ``"interleave"`` or ``"lockstep"`` (see :mod:`zephon.runners.lanes`).
         pull: a lane's next feed unit, under the engine's lock.
         targets: after a restore, each replaying lane's replay target.
         start_lane: whose turn the consumer's next output is.
@@ -37,7 +32,6 @@ class LaneRun:
     """
 
     lanes: list[int]
-    output: str
     pull: Pull
     targets: dict[int, SampleCursor]
     start_lane: int

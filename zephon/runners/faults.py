@@ -184,14 +184,19 @@ def died(worker: int, pid: int, lanes: list[int], code: int | None) -> WorkerErr
 
 
 def died_starting(
-    worker: int, pid: int, lanes: list[int], code: int | None, configured: bool, start_method: str
+    worker: int,
+    pid: int,
+    lanes: list[int],
+    code: int | None,
+    configured: bool,
+    worker_start_method: str,
 ) -> WorkerError:
     """A worker ended before it said it runs: most often a script without a main guard."""
     hint = ""
-    if start_method != "fork":
+    if worker_start_method != "fork":
         hint = (
-            f". With worker_start_method={start_method!r} a worker first imports your main"
-            " module again: a script that builds and iterates pipelines at import time must"
+            f". With worker_start_method={worker_start_method!r} a worker first imports your"
+            " main module again: a script that builds and iterates pipelines at import time must"
             " do so under `if __name__ == '__main__':`"
         )
     when = (
@@ -207,13 +212,13 @@ def never_reached_loop(
     worker: int,
     pid: int | None,
     lanes: list[int],
-    timeout_s: float,
-    start_method: str,
+    worker_timeout_s: float,
+    worker_start_method: str,
     booted: bool,
 ) -> WorkerError:
-    """A worker did not reach its loop within ``timeout_s``: still importing (with spawn
-    and forkserver, the parent's main module again: most often a script without a main
-    guard whose top level blocks) or, ``booted``, still loading its configuration."""
+    """A worker did not reach its loop within ``worker_timeout_s``: still importing (with
+    spawn and forkserver, the parent's main module again: most often a script without a
+    main guard whose top level blocks) or, ``booted``, still loading its configuration."""
     state = proc_state(pid)
     where = f"; its process is {_STATES.get(state, state)}" if state else ""
     if booted:
@@ -222,28 +227,29 @@ def never_reached_loop(
             f"was sent){where}. Raise Pipeline(worker_timeout_s=...) if that may legitimately "
             "take that long"
         )
-    elif start_method == "fork":
+    elif worker_start_method == "fork":
         doing = f"it never began to run Zephon's code{where}"
     else:
         doing = (
             f"it is still importing your main module{where}. With worker_start_method="
-            f"{start_method!r} a worker first imports the main module again, before it runs "
-            "anything of Zephon's: a script whose top level builds and iterates pipelines (or "
-            "otherwise blocks) must do so under `if __name__ == '__main__':`"
+            f"{worker_start_method!r} a worker first imports the main module again, before it "
+            "runs anything of Zephon's: a script whose top level builds and iterates pipelines "
+            "(or otherwise blocks) must do so under `if __name__ == '__main__':`"
         )
     return WorkerError(
         f"worker {worker} (pid {pid}, lanes {lanes}) never reached its loop within "
-        f"worker_timeout_s={timeout_s:g} s: {doing}"
+        f"worker_timeout_s={worker_timeout_s:g} s: {doing}"
     )
 
 
-def hung(worker: int, pid: int | None, lanes: list[int], timeout_s: float) -> WorkerError:
-    """A worker that reached its loop produced nothing for ``timeout_s``."""
+def hung(worker: int, pid: int | None, lanes: list[int], worker_timeout_s: float) -> WorkerError:
+    """A worker that reached its loop produced nothing for ``worker_timeout_s``."""
     state = proc_state(pid)
     where = f"; its process is {_STATES.get(state, state)}" if state else ""
     return WorkerError(
-        f"worker {worker} (pid {pid}, lanes {lanes}) produced nothing for {timeout_s:g} s "
-        f"(worker_timeout_s={timeout_s:g}): it is hung or stopped{where}. The pipeline cannot "
-        "continue: restore the last checkpoint into a new pipeline, and raise "
-        "Pipeline(worker_timeout_s=...) if a batch may legitimately take that long"
+        f"worker {worker} (pid {pid}, lanes {lanes}) produced nothing for "
+        f"{worker_timeout_s:g} s (worker_timeout_s={worker_timeout_s:g}): it is hung or "
+        f"stopped{where}. The pipeline cannot continue: restore the last checkpoint into a "
+        "new pipeline, and raise Pipeline(worker_timeout_s=...) if a batch may legitimately "
+        "take that long"
     )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections import deque
 from typing import Any
 
@@ -20,7 +19,6 @@ class WorkerHandle:
         "conn",
         "ring",
         "lanes",
-        "last_seen",
         "lock",
         "configured",
         "booted",
@@ -37,7 +35,6 @@ class WorkerHandle:
         self.retired: list[Any] = []  # rings it moved out of (zero-copy leases may live)
         self.proc: Any = None  # set by the keeper thread once the process started
         self.configured = False  # the keeper has sent the worker its configuration
-        self.last_seen = time.monotonic()
         self.booted = False  # the worker said it is past its start method's imports
         self.ready = False  # the worker said it runs: it got its configuration and ring
         self.lock = threading.Lock()  # conn sends: the feeder thread, and close()

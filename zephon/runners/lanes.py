@@ -31,6 +31,8 @@ INTERLEAVE = "interleave"
 LOCKSTEP = "lockstep"
 OUTPUTS = (INTERLEAVE, LOCKSTEP)
 
+#: A lane's next feed unit: a chunk (maybe followed by a flush sentinel), the final
+#: sentinel, or nothing once the lane has ended.
 Pull = Callable[[int], list[Any]]
 
 #: A process running more lanes than this makes each output lazily (see LaneOutputs): a

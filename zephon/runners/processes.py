@@ -30,6 +30,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from weakref import WeakSet
 
@@ -38,13 +39,12 @@ from zephon.runners import faults, wire
 from zephon.runners.base import LaneRun
 from zephon.runners.chain import LaneOutput
 from zephon.runners.handle import WorkerHandle
-from zephon.runners.worker import worker_main
+from zephon.runners.worker import WorkerConfig, worker_main
 
 if TYPE_CHECKING:
     from zephon.runners.shipping import Shipment
     from zephon.shm import Segment
 
-DEFAULT_SLOT_BYTES = 4 << 20
 #: ``ring_slot_bytes=None``: the slots rings start with, and the most a worker may grow
 #: them to (a batch above it is an error that quotes both sizes).
 AUTO_FIRST_SLOT_BYTES = 1 << 20
@@ -76,33 +76,45 @@ def _register_atexit() -> None:
         _atexit_registered = True
 
 
+@dataclass(frozen=True)
+class WorkerOptions:
+    """The pipeline's options that the worker processes run by: the parent's side here,
+    and each worker's (it gets them in its :class:`~zephon.runners.worker.WorkerConfig`).
+    Each keeps the name and meaning of the :class:`~zephon.Pipeline` argument, checked by
+    :func:`zephon.pipeline.options.checked_options`; what is derived from them says so.
+    """
+
+    workers: int
+    output: str
+    ring_slots: int
+    ring_slot_bytes: int | None
+    zero_copy: bool
+    worker_timeout_s: float
+    worker_start_method: str
+
+    @classmethod
+    def of(cls, options: Any) -> WorkerOptions:
+        """These options of ``options`` (the pipeline's, or anything with these names)."""
+        return cls(**{f.name: getattr(options, f.name) for f in dataclasses.fields(cls)})
+
+    @property
+    def first_slot_bytes(self) -> int:
+        """Derived: the bytes of a slot of each worker's first ring (``ring_slot_bytes``,
+        or :data:`AUTO_FIRST_SLOT_BYTES` where the slots are sized from the batches)."""
+        return AUTO_FIRST_SLOT_BYTES if self.ring_slot_bytes is None else self.ring_slot_bytes
+
+
 class ProcessExecutor:
     """Parent side of the worker pool: the feeder thread, the rings, fault detection."""
 
     place = "workers"
 
     def __init__(
-        self,
-        plan: Any,
-        workers: int,
-        *,
-        zero_copy: bool = False,
-        slot_bytes: int | None = DEFAULT_SLOT_BYTES,
-        nslots: int = 4,
-        start_method: str = "spawn",
-        worker_timeout_s: float = 60.0,
-        components: Sequence[tuple[str, Any]] = (),
+        self, plan: Any, options: WorkerOptions, components: Sequence[tuple[str, Any]] = ()
     ) -> None:
         self.plan = plan
+        self.options = options
         self.components = components  # (name, dataset): to name one that cannot travel
-        self.num_workers = workers
-        self.zero_copy = zero_copy
-        #: None: slots sized from the batches (start small, grow when an output needs it)
-        self.auto_slots = slot_bytes is None
-        self.slot_bytes = AUTO_FIRST_SLOT_BYTES if slot_bytes is None else slot_bytes
-        self.nslots = nslots
-        self.start_method = start_method
-        self.worker_timeout_s = worker_timeout_s
         self.handles: list[WorkerHandle] = []
         self.owner: dict[int, WorkerHandle] = {}
         self.error: BaseException | None = None
@@ -128,17 +140,21 @@ class ProcessExecutor:
 
         self._pull = run.pull
         self._engine_stop = run.stopping  # the pump must not wait on a worker once it is set
-        ctx = multiprocess.get_context(self.start_method)
-        if self.start_method == "forkserver":
+        opts = self.options
+        ctx = multiprocess.get_context(opts.worker_start_method)
+        if opts.worker_start_method == "forkserver":
             # The server (started once) imports the worker's code, so each worker it forks
             # has it already (takes effect when the server starts).
             ctx.set_forkserver_preload(["zephon.runners.worker"])
         _register_atexit()
         _LIVE.add(self)
         lanes = run.lanes
-        n = min(self.num_workers, len(lanes))
+        n = min(opts.workers, len(lanes))
         launches: list[tuple[WorkerHandle, Any, Any, bytes]] = []
-        parent = (os.getpid(), self.start_method == "forkserver")  # see _die_with_parent
+        parent = (os.getpid(), opts.worker_start_method == "forkserver")  # see _die_with_parent
+        # Sized from the batches: the most a worker may grow its slots to (read now: the
+        # tests lower it).
+        max_grown_slot_bytes = AUTO_MAX_SLOT_BYTES if opts.ring_slot_bytes is None else None
         try:
             # The operators are pickled once, datasets by reference: each worker unpickles
             # its own fresh copy of them from the same bytes; the plan goes without them.
@@ -146,18 +162,18 @@ class ProcessExecutor:
             plan = dataclasses.replace(self.plan, ops=[])
             for wid in range(n):
                 mine = lanes[wid::n]
-                cfg = {
-                    "plan": plan,
-                    "targets": {
+                cfg = WorkerConfig(
+                    options=opts,
+                    plan=plan,
+                    lanes=mine,
+                    targets={
                         lane: list(run.targets[lane][1:]) for lane in mine if lane in run.targets
                     },
-                    "lanes": mine,
-                    "output": run.output,
-                    "start_lane": run.start_lane,
-                    "done": [lane for lane in mine if lane in run.done],
-                    "pad_ended": run.pad_ended,
-                    "max_slot_bytes": AUTO_MAX_SLOT_BYTES if self.auto_slots else None,
-                }
+                    start_lane=run.start_lane,
+                    done=[lane for lane in mine if lane in run.done],
+                    pad_ended=run.pad_ended,
+                    max_grown_slot_bytes=max_grown_slot_bytes,
+                )
                 ring = self._create_ring(wid, n)
                 parent_conn, child_conn = ctx.Pipe(duplex=True)
                 h = WorkerHandle(wid, parent_conn, ring, mine)
@@ -196,13 +212,15 @@ class ProcessExecutor:
     def _create_ring(self, wid: int, n: int, slot_bytes: int | None = None) -> Any:
         from zephon.shm import ShmRing
 
-        slot_bytes = self.slot_bytes if slot_bytes is None else slot_bytes
+        opts = self.options
+        first = opts.first_slot_bytes
+        slot_bytes = first if slot_bytes is None else slot_bytes
         try:
-            return ShmRing.create(self.nslots, slot_bytes, name=f"zephon-ring-{wid}")
+            return ShmRing.create(opts.ring_slots, slot_bytes, name=f"zephon-ring-{wid}")
         except ShmError as e:
             why = (
-                f"{e.strerror or e}. Pipeline(workers={self.num_workers}) makes one ring per worker "
-                f"({n} rings) of {self.nslots} slots of ring_slot_bytes={self.slot_bytes} bytes "
+                f"{e.strerror or e}. Pipeline(workers={opts.workers}) makes one ring per worker "
+                f"({n} rings) of {opts.ring_slots} slots of ring_slot_bytes={first} bytes "
                 "(Pipeline(ring_slots=...)): lower ring_slot_bytes, ring_slots or workers, or "
                 "free memory"
             )
@@ -277,15 +295,21 @@ class ProcessExecutor:
         if handing is None:
             return
         h, since = handing
-        if time.monotonic() - since > self.worker_timeout_s and h.proc.is_alive():
+        opts = self.options
+        if time.monotonic() - since > opts.worker_timeout_s and h.proc.is_alive():
             raise faults.never_reached_loop(
-                h.id, h.pid, h.lanes, self.worker_timeout_s, self.start_method, booted=False
+                h.id, h.pid, h.lanes, opts.worker_timeout_s, opts.worker_start_method, booted=False
             )
 
     def _startup_death(self, h: WorkerHandle) -> WorkerError:
         h.proc.join(timeout=5)
         return faults.died_starting(
-            h.id, h.proc.pid, h.lanes, h.proc.exitcode, h.configured, self.start_method
+            h.id,
+            h.proc.pid,
+            h.lanes,
+            h.proc.exitcode,
+            h.configured,
+            self.options.worker_start_method,
         )
 
     # the feeder: answers "need" requests, catches errors and deaths
@@ -387,6 +411,7 @@ class ProcessExecutor:
         from zephon.shm import RingClosedError
 
         h = self.owner[lane]
+        opts = self.options
         waited_since = time.monotonic()
         dead_since: float | None = None
         while True:
@@ -396,7 +421,7 @@ class ProcessExecutor:
                 raise WorkerError("the pipeline was closed")
             msg = None
             try:
-                msg = h.ring.get(timeout_s=_POLL_S, zero_copy=self.zero_copy)
+                msg = h.ring.get(timeout_s=_POLL_S, zero_copy=opts.zero_copy)
             except TimeoutError:
                 pass
             except RingClosedError:
@@ -404,7 +429,6 @@ class ProcessExecutor:
                     raise WorkerError("the pipeline was closed") from None
                 time.sleep(_POLL_S)  # the worker closed its ring on its way out
             if msg is not None:
-                h.last_seen = time.monotonic()
                 meta = wire.unpack(msg.meta)
                 if not meta.get(wire.MOVED):
                     break
@@ -423,14 +447,19 @@ class ProcessExecutor:
                 elif now - dead_since > 1.0:
                     feeder_alive = self._feeder is not None and self._feeder.is_alive()
                     self._fail(self._death(h, read_pipe=not feeder_alive))
-            elif now - waited_since > self.worker_timeout_s:
+            elif now - waited_since > opts.worker_timeout_s:
                 # A worker that never said it reached its loop is not hung: it is still
                 # starting (most often importing a main module whose top level blocks).
                 self._fail(
-                    faults.hung(h.id, h.pid, h.lanes, self.worker_timeout_s)
+                    faults.hung(h.id, h.pid, h.lanes, opts.worker_timeout_s)
                     if h.ready
                     else faults.never_reached_loop(
-                        h.id, h.pid, h.lanes, self.worker_timeout_s, self.start_method, h.booted
+                        h.id,
+                        h.pid,
+                        h.lanes,
+                        opts.worker_timeout_s,
+                        opts.worker_start_method,
+                        h.booted,
                     )
                 )
         if meta[wire.LANE] != lane:
@@ -439,7 +468,7 @@ class ProcessExecutor:
                 "Zephon bug"
             )
         out = wire.decode_output(meta, msg.arrays)
-        if self.zero_copy and out.record is not None:
+        if opts.zero_copy and out.record is not None:
             out.lease = msg  # released once the consumer moves on
         else:
             msg.release()

@@ -19,7 +19,8 @@ import signal
 import sys
 import threading
 from collections import deque
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -30,6 +31,10 @@ from zephon.runners import wire
 from zephon.runners.chain import ChainRunner, LaneOutput
 from zephon.runners.faults import error_message, exit_code
 from zephon.runners.lanes import LaneOutputs, schedule
+
+if TYPE_CHECKING:
+    from zephon.plan.compile import Plan
+    from zephon.runners.processes import WorkerOptions
 
 LOOKAHEAD_FEEDS = 2  # feed units a worker keeps requested per lane, to hide the round trip
 
@@ -51,13 +56,43 @@ def slot_too_small(what: str, need: int, slot_bytes: int) -> ValueError:
     )
 
 
+@dataclass(frozen=True)
+class WorkerConfig:
+    """What the parent sends a worker at start-up (besides its ring, the shared datasets
+    and the operators, which travel on their own: see ``ProcessExecutor._keep_workers``).
+
+    Attributes:
+        options: the pipeline's options that workers run by.
+        plan: the compiled plan (its operators come apart and are put back in).
+        lanes: the lanes this worker owns, ascending.
+        targets: each replaying lane's replay target, ``[chunk_id, offset, child]``.
+        start_lane: whose turn the consumer's next output is.
+        done: this worker's lanes whose end was delivered already.
+        pad_ended: in lockstep, go on until every lane ended (see
+            :func:`~zephon.runners.lanes.schedule`).
+        max_grown_slot_bytes: derived from ``options.ring_slot_bytes``: None where it
+            fixes the slots' size (an output that does not fit is an error), else the most
+            bytes this worker may ask its slots to grow to.
+    """
+
+    options: WorkerOptions
+    plan: Plan
+    lanes: list[int]
+    targets: dict[int, list[int]]
+    start_lane: int
+    done: list[int]
+    pad_ended: bool
+    max_grown_slot_bytes: int | None
+
+
 class Worker:
     """A worker's loop: its lanes' outputs, in the rank's order, written into its ring."""
 
-    def __init__(self, cfg: dict[str, Any], conn: Any, ring: Any) -> None:
+    def __init__(self, cfg: WorkerConfig, conn: Any, ring: Any) -> None:
         self.conn = conn
         self.ring = ring
-        plan = cfg["plan"]
+        self.cfg = cfg
+        plan = cfg.plan
         pool = None
         cap = max(op.parallelism for op in plan.ops)
         if cap > 1:
@@ -67,16 +102,9 @@ class Worker:
         runner = self.runner = ChainRunner(plan, pool)
         filt = runner.replay_filter
         assert isinstance(filt, ReplayFilter)
-        for lane, cursor in cfg["targets"].items():
+        for lane, cursor in cfg.targets.items():
             filt.set_target(int(lane), SampleCursor(int(lane), *cursor))
-        self.lanes: list[int] = cfg["lanes"]
-        self.output: str = cfg["output"]
-        self.start_lane: int = cfg["start_lane"]
-        self.done: list[int] = cfg["done"]
-        self.pad_ended: bool = cfg["pad_ended"]
-        #: None: a fixed slot size, an output that does not fit is an error; else the most
-        #: bytes this worker may ask its slots to grow to (ring_slot_bytes=None)
-        self.max_slot_bytes: int | None = cfg.get("max_slot_bytes")
+        self.lanes = cfg.lanes
         self._new_ring: Any = None
         self.outputs = LaneOutputs(runner, self._pull, len(self.lanes))
         self.feeds: dict[int, deque[list[Any]]] = {lane: deque() for lane in self.lanes}
@@ -138,7 +166,7 @@ class Worker:
         so); else, or past the most it may grow to, the error quoting both sizes."""
         if need <= self.ring.slot_bytes:
             return
-        cap = self.max_slot_bytes
+        cap = self.cfg.max_grown_slot_bytes
         if cap is None or need > cap:
             raise slot_too_small(what, need, self.ring.slot_bytes if cap is None else cap)
         try:
@@ -161,7 +189,7 @@ class Worker:
         if end > self.ring.slot_bytes:
             shapes = ", ".join(f"{k}: {np.dtype(d).name}{list(s)}" for k, (s, d) in spec.items())
             # growing: room for the metadata too (contributors: 32 bytes a piece)
-            margin = 0 if self.max_slot_bytes is None else 64 << 10
+            margin = 0 if self.cfg.max_grown_slot_bytes is None else 64 << 10
             self._fits(f"a batch of lane {lane} ({shapes})", end + margin)
         self._slot = self.ring.reserve(timeout_s=None)
         arrays = {k: self._slot.array(shape, dtype) for k, (shape, dtype) in spec.items()}
@@ -195,7 +223,7 @@ class Worker:
             return
         need = message_nbytes(len(packed), self._slot_arrays)
         if need > slot.capacity:
-            if self.max_slot_bytes is None:
+            if self.cfg.max_grown_slot_bytes is None:
                 slot.abort()
                 raise slot_too_small(
                     f"{what} with its metadata ({len(packed)} B)", need, slot.capacity
@@ -210,16 +238,17 @@ class Worker:
         slot.commit(packed)
 
     def run(self) -> None:
+        cfg = self.cfg
         for lane in self.lanes:
-            if lane not in self.done:
+            if lane not in cfg.done:
                 self._ask(lane)
         for item in schedule(
             self.lanes,
-            self.output,
+            cfg.options.output,
             self.outputs.next,
-            start_lane=self.start_lane,
-            done=self.done,
-            pad_ended=self.pad_ended,
+            start_lane=cfg.start_lane,
+            done=cfg.done,
+            pad_ended=cfg.pad_ended,
         ):
             for out in item if isinstance(item, list) else (item,):
                 if not out.padding:  # the parent's schedule makes its own
@@ -310,8 +339,8 @@ def worker_main(conn: Any, parent_pid: int, via_forkserver: bool) -> None:
         data = attach_segment(fds[1], writable=False) if len(fds) > 1 else None
         cfg = dill.loads(payload[1])
         # The plan travels without its operators, which come by their own route.
-        cfg["plan"] = dataclasses.replace(cfg["plan"], ops=load_operators(payload[0], data))
-        worker = Worker(cfg, conn, ring)
+        plan = dataclasses.replace(cfg.plan, ops=load_operators(payload[0], data))
+        worker = Worker(dataclasses.replace(cfg, plan=plan), conn, ring)
         conn.send_bytes(wire.pack({wire.KIND: wire.READY}))
         worker.run()
     except (_Stop, _ParentGone):

@@ -15,11 +15,15 @@ import numpy as np
 
 from zephon.errors import CheckpointError
 from zephon.records import SampleCursor
-
-LANE_KEYS = ("inflight", "boundaries", "source", "cursor", "batches", "done", "next_chunk_id")
-#: The optional lane key of ``ensure_mixture`` holds (see :attr:`LaneTracker.held`).
-HELD = "held"
-CHUNK_KEYS = ("lane", "chunk_id", "components", "indices", "seed")
+from zephon.tracking.schema import (
+    CHUNK_COMPONENTS,
+    CHUNK_ID,
+    CHUNK_INDICES,
+    CHUNK_KEYS,
+    CHUNK_LANE,
+    CHUNK_SEED,
+    HELD,
+)
 
 
 def checked_keys(what: str, state: Any, keys: tuple[str, ...]) -> None:
@@ -53,7 +57,7 @@ def checked_chunk(state: Any) -> tuple[dict[str, Any], int]:
             range; the message says which.
     """
     checked_keys("an in-flight chunk", state, CHUNK_KEYS)
-    comps, indices = state["components"], state["indices"]
+    comps, indices = state[CHUNK_COMPONENTS], state[CHUNK_INDICES]
     if not isinstance(comps, bytes) or not isinstance(indices, bytes):
         raise CheckpointError(
             f"chunk components and indices must be bytes; got {type(comps).__name__} and "
@@ -66,11 +70,11 @@ def checked_chunk(state: Any) -> tuple[dict[str, Any], int]:
             "of one length"
         )
     plain: dict[str, Any] = {
-        "lane": checked_count("chunk lane", state["lane"]),
-        "chunk_id": checked_count("chunk_id", state["chunk_id"]),
-        "components": comps,
-        "indices": indices,
-        "seed": checked_count("chunk seed", state["seed"], 1 << 64),
+        CHUNK_LANE: checked_count("chunk lane", state[CHUNK_LANE]),
+        CHUNK_ID: checked_count("chunk_id", state[CHUNK_ID]),
+        CHUNK_COMPONENTS: comps,
+        CHUNK_INDICES: indices,
+        CHUNK_SEED: checked_count("chunk seed", state[CHUNK_SEED], 1 << 64),
     }
     return plain, size
 
@@ -78,8 +82,8 @@ def checked_chunk(state: Any) -> tuple[dict[str, Any], int]:
 def check_pointers(chunks: Sequence[dict[str, Any]], lengths: Sequence[int]) -> None:
     """Every pointer of the checked in-flight ``chunks`` (as :func:`checked_chunk` returns
     them) names a component and an index inside its dataset (one pass over all of them)."""
-    c = np.frombuffer(b"".join(st["components"] for st in chunks), dtype="<i4")
-    i = np.frombuffer(b"".join(st["indices"] for st in chunks), dtype="<i8")
+    c = np.frombuffer(b"".join(st[CHUNK_COMPONENTS] for st in chunks), dtype="<i4")
+    i = np.frombuffer(b"".join(st[CHUNK_INDICES] for st in chunks), dtype="<i8")
     if not c.size:
         return
     if len(lengths) == 1:
@@ -93,14 +97,14 @@ def check_pointers(chunks: Sequence[dict[str, Any]], lengths: Sequence[int]) -> 
     if not wrong.any():
         wrong = (i < 0) | (i >= np.asarray(lengths, dtype=np.int64)[c])
     at = int(np.flatnonzero(wrong)[0])
-    sizes = [len(st["components"]) // 4 for st in chunks]
+    sizes = [len(st[CHUNK_COMPONENTS]) // 4 for st in chunks]
     k = 0
     while at >= sizes[k]:  # which chunk holds it
         at -= sizes[k]
         k += 1
     p = sum(sizes[:k]) + at
     raise CheckpointError(
-        f"in-flight chunk {chunks[k]['chunk_id']} points at component {int(c[p])}, index "
+        f"in-flight chunk {chunks[k][CHUNK_ID]} points at component {int(c[p])}, index "
         f"{int(i[p])} (offset {at}), outside the datasets (lengths {list(lengths)})"
     )
 

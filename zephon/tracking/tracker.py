@@ -27,8 +27,6 @@ from zephon.chunks import WorkChunk
 from zephon.errors import CheckpointError
 from zephon.records import Contributor, FlushSentinel, SampleCursor
 from zephon.tracking.checks import (
-    HELD,
-    LANE_KEYS,
     check_pointers,
     checked_boundaries,
     checked_chunk,
@@ -37,6 +35,20 @@ from zephon.tracking.checks import (
     checked_holds,
     checked_keys,
     shown,
+)
+from zephon.tracking.schema import (
+    BATCHES,
+    BOUNDARIES,
+    CHUNK_ID,
+    CHUNK_LANE,
+    CURSOR,
+    DONE,
+    HELD,
+    INFLIGHT,
+    LANE,
+    LANE_KEYS,
+    NEXT_CHUNK_ID,
+    SOURCE,
 )
 
 _NATIVE = load("_track")  # ChunkTrack.add_run in C, for chunks of up to 64 samples
@@ -62,7 +74,7 @@ class ChunkTrack:
         if chunk is not None:
             self.chunk_id, size = chunk.chunk_id, len(chunk)
         else:
-            self.chunk_id = state["chunk_id"]
+            self.chunk_id = state[CHUNK_ID]
         self.size = size
         self.delivered = [0] * size  # children delivered (or tombstoned) per offset
         self.total = [0] * size  # children in all, 0 until the last child is seen
@@ -90,7 +102,7 @@ class ChunkTrack:
 
     @property
     def lane(self) -> int:
-        return self._chunk.lane if self._chunk is not None else self._state["lane"]  # type: ignore[index]
+        return self._chunk.lane if self._chunk is not None else self._state[CHUNK_LANE]  # type: ignore[index]
 
     def to_state(self) -> dict[str, Any]:
         """The chunk's checkpoint form (a restored chunk's is the one it came from); made
@@ -148,7 +160,6 @@ class LaneTracker:
         "evicted",
         "next_chunk_id",
         "_state",
-        "_chunks",
         "_base",
         "_held",
     )
@@ -167,16 +178,11 @@ class LaneTracker:
         self.replay: deque[ChunkTrack | FlushSentinel] = deque()  # restored, to replay
         self.evicted = 0
         self.next_chunk_id = 0
-        #: :meth:`state` as last built, until something it shows changes: a checkpoint of
-        #: a rank of thousands of lanes rebuilds only the lanes that moved since the last.
+        #: :meth:`state` as last built, and the state but its cursor and batch count (with
+        #: the ``inflight`` and ``boundaries`` lists in it), until :meth:`_moved` drops
+        #: them: a checkpoint of a rank of thousands of lanes rebuilds only the lanes that
+        #: moved since the last, and a delivery that evicts nothing only copies the second.
         self._state: dict[str, Any] | None = None
-        #: The state's ``inflight`` and ``boundaries`` lists, until a chunk comes or goes:
-        #: a delivery that evicts nothing changes only the cursor and the batch count, and
-        #: the new state shares them with the last (both are read-only).
-        self._chunks: tuple[list[dict[str, Any]], list[int]] | None = None
-        #: The state but its cursor and batch count, until anything else in it changes
-        #: (with ``_chunks``, when the source moves, or ``done`` or ``held`` is set): a
-        #: delivery makes the new state a copy of it with those two entries.
         self._base: dict[str, Any] | None = None
         self._held: list[list[Any]] = []
 
@@ -190,7 +196,7 @@ class LaneTracker:
     @held.setter
     def held(self, value: list[list[Any]]) -> None:
         self._held = value
-        self._state = self._base = None
+        self._moved()
 
     @property
     def done(self) -> bool:
@@ -200,7 +206,7 @@ class LaneTracker:
     @done.setter
     def done(self, value: bool) -> None:
         self._done = value
-        self._state = self._base = None
+        self._moved()
 
     # ----------------------------------------------------------------- handing out
     def pull(self) -> Feed:
@@ -214,7 +220,7 @@ class LaneTracker:
             return items
         if self.exhausted:
             return []
-        self._state = self._base = None  # the source moves on
+        self._moved()  # the source moves on
         chunk = self.source.next_chunk()
         if chunk is None:
             self.exhausted = True
@@ -232,7 +238,6 @@ class LaneTracker:
         # Its checkpoint form now, while the chunk is in the cache (a chunk never changes;
         # see state()).
         self.inflight[chunk.chunk_id] = ChunkTrack(chunk, state=chunk.to_state())
-        self._chunks = None
         self.next_chunk_id += 1
         items = [chunk]
         if self.flush_every_k_chunks and (chunk.chunk_id + 1) % self.flush_every_k_chunks == 0:
@@ -256,7 +261,7 @@ class LaneTracker:
             i = track.add_run(contributors, i)
 
     def deliver(self, contributors: list[Contributor], last_cursor: SampleCursor | None) -> None:
-        self._state = None
+        self._moved(cursor_only=True)  # (and evict() says so if chunks go)
         self.close(contributors)
         if last_cursor is not None:
             self.cursor = last_cursor
@@ -264,10 +269,13 @@ class LaneTracker:
         self.evict()
 
     def evict(self) -> None:
+        evicted = self.evicted
         if self.mode == MONOTONE:
             self._evict_watermark()
         else:
             self._evict_epochs()
+        if self.evicted != evicted:
+            self._moved()
 
     def _pinned(self, lo: int, hi: int) -> bool:
         return self.cursor is not None and lo <= self.cursor.chunk_id < hi
@@ -279,7 +287,6 @@ class LaneTracker:
             lo = next(iter(inflight))
             if lo < mark or (lo != mark and inflight[lo].complete):
                 del inflight[lo]
-                self._chunks = None
                 self.evicted += 1
             else:
                 break
@@ -299,14 +306,23 @@ class LaneTracker:
                 return
             for c in ids:
                 del inflight[c]
-            self._chunks = None
             self.evicted += len(ids)
             del self.boundaries[:i]  # boundaries at or below the new bottom say nothing more
 
     # ---------------------------------------------------------------- checkpoint
+    def _moved(self, cursor_only: bool = False) -> None:
+        """Something :meth:`state` shows changed (``cursor_only``: nothing but the cursor
+        and the batch count): the one place the states built before are dropped. Every
+        method that changes the lane calls it: :meth:`pull` dealing a chunk,
+        :meth:`deliver`, :meth:`evict` when chunks went, :meth:`load`, and the ``done`` and
+        ``held`` setters."""
+        self._state = None
+        if not cursor_only:
+            self._base = None
+
     def state(self) -> dict[str, Any]:
-        """The lane's checkpoint state. Shared with later calls until the lane moves:
-        read it, never change it in place.
+        """The lane's checkpoint state (its keys: :mod:`zephon.tracking.schema`). Shared
+        with later calls until the lane moves: read it, never change it in place.
 
         A checkpoint of a rank of thousands of lanes builds the state of every lane that
         moved since the last one, each lane's objects cold in the cache; so the parts that
@@ -314,37 +330,32 @@ class LaneTracker:
         chunk's checkpoint form (it never changes) and the work source's state (a
         ``StaticMixtureWorkSource`` makes it after each chunk). What is left here is the
         lane's dict of them, and a moved lane's copy with its cursor and batch count."""
-        if self._state is not None:
-            return self._state
-        base = self._base
-        if base is None or self._chunks is None:
-            base = self._base = self._base_state()
-        state = self._state = base.copy()
-        state["cursor"] = None if self.cursor is None else list(self.cursor[1:])
-        state["batches"] = self.batches
+        state = self._state
+        if state is None:
+            base = self._base
+            if base is None:
+                base = self._base = self._base_state()
+            state = self._state = base.copy()
+            state[CURSOR] = None if self.cursor is None else list(self.cursor[1:])
+            state[BATCHES] = self.batches
         return state
 
     def _base_state(self) -> dict[str, Any]:
         """:meth:`state` with a placeholder cursor and batch count."""
-        lo = next(iter(self.inflight), None)
-        chunks = self._chunks
-        if chunks is None:
-            floor = lo if lo is not None else self.next_chunk_id
-            chunks = self._chunks = (
-                [t.to_state() for t in self.inflight.values()],
-                [b for b in self.boundaries if b > floor or (lo is None and b == floor)],
-            )
+        inflight = self.inflight
+        lo = next(iter(inflight), None)
+        floor = lo if lo is not None else self.next_chunk_id
         base = {
-            "lane": self.lane,
-            "inflight": chunks[0],
-            "boundaries": chunks[1],
-            "source": self.source.state_dict(),
-            "cursor": None,
-            "batches": 0,
-            "done": self.done,
-            "next_chunk_id": self.next_chunk_id,
+            LANE: self.lane,
+            INFLIGHT: [t.to_state() for t in inflight.values()],
+            BOUNDARIES: [b for b in self.boundaries if b > floor or (lo is None and b == floor)],
+            SOURCE: self.source.state_dict(),
+            CURSOR: None,
+            BATCHES: 0,
+            DONE: self._done,
+            NEXT_CHUNK_ID: self.next_chunk_id,
         }
-        held = [h for h in self.held if lo is not None and lo < h[1]] if self.held else None
+        held = [h for h in self._held if lo is not None and lo < h[1]] if self._held else None
         if held:  # only while a replay would need it; absent otherwise
             base[HELD] = held
         return base
@@ -357,7 +368,7 @@ class LaneTracker:
                 type or out of range, chunks, boundaries or cursor inconsistent with each
                 other or with the work source); the message starts with the lane.
         """
-        self._state = self._base = None  # (a load that fails may have moved the source)
+        self._moved()  # (a load that fails may have moved the source)
         try:
             return self._load(state)
         except CheckpointError as e:
@@ -365,7 +376,7 @@ class LaneTracker:
 
     def _load(self, state: dict[str, Any]) -> int:
         checked_keys("the lane state", state, LANE_KEYS)
-        raw_chunks = state["inflight"]
+        raw_chunks = state[INFLIGHT]
         if not isinstance(raw_chunks, list):
             raise CheckpointError(f"inflight must be a list of chunks; got {shown(raw_chunks)}")
         lengths = getattr(self.source, "lengths", None)
@@ -374,9 +385,9 @@ class LaneTracker:
         chunks = [ChunkTrack.stored(c) for c in raw_chunks]
         if lengths is not None and chunks:
             check_pointers([c.to_state() for c in chunks], lengths)
-        next_id = checked_count("next_chunk_id", state["next_chunk_id"])
-        batches = checked_count("batches", state["batches"])
-        done = state["done"]
+        next_id = checked_count("next_chunk_id", state[NEXT_CHUNK_ID])
+        batches = checked_count("batches", state[BATCHES])
+        done = state[DONE]
         if not isinstance(done, bool):
             raise CheckpointError(f"done must be a bool; got {shown(done)}")
         ids = [c.chunk_id for c in chunks]
@@ -389,12 +400,10 @@ class LaneTracker:
                 f"next_chunk_id={next_id}; got ids {ids} of lanes "
                 f"{sorted({c.lane for c in chunks})}"
             )
-        boundaries = checked_boundaries(
-            state["boundaries"], ids, next_id, self.flush_every_k_chunks
-        )
-        cursor = checked_cursor(state["cursor"], self.lane, {c.chunk_id: c.size for c in chunks})
+        boundaries = checked_boundaries(state[BOUNDARIES], ids, next_id, self.flush_every_k_chunks)
+        cursor = checked_cursor(state[CURSOR], self.lane, {c.chunk_id: c.size for c in chunks})
         try:
-            self.source.load_state_dict(state["source"])
+            self.source.load_state_dict(state[SOURCE])
         except CheckpointError as e:
             raise CheckpointError(f"work source state: {e}") from e
         except (KeyError, TypeError, ValueError, IndexError, AttributeError, OverflowError) as e:
@@ -407,10 +416,9 @@ class LaneTracker:
             )
         self.held = checked_holds(state)
         self.batches = batches
-        self.done = done  # (forgets the state built before)
+        self.done = done
         self.cursor = cursor
         self.inflight = {c.chunk_id: c for c in chunks}
-        self._chunks = None
         self.boundaries = boundaries
         self.next_chunk_id = next_id
         self.replay.clear()

@@ -297,8 +297,7 @@ class Pack(LaneStateOperator):
         else:  # every piece whole in one instance: grouped in C where it is built
             rows, new = bin_rows(pieces, decided.instance, decided.emitted, decided.opened, held)
         compact(new)  # (what waited before was compacted when it came, and is kept)
-        assembler = self.rows
-        return [PackedRow(assembler, row, lane) for row in rows]
+        return [self._record(lane, row) for row in rows]
 
     def _placed(self, pieces: list[Piece], decided: Any) -> dict[int, list[Piece]]:
         """Instance -> the pieces this call put in it (cut ones in parts)."""
@@ -351,7 +350,7 @@ class Pack(LaneStateOperator):
         while waiting and waiting[0][0] < oldest_open:
             row = heapq.heappop(waiting)[1]
             bins.waiting_pieces -= len(row)
-            out.append(self._record(lane, row, None))
+            out.append(self._record(lane, row))
         compact(held)
         compact([row for at, row in pushed if at >= oldest_open])  # those that wait
         return out
@@ -383,10 +382,9 @@ class Pack(LaneStateOperator):
             out.append((key + j, piece))
         return out
 
-    def _record(self, lane: int, old: list[Piece], new: list[Piece] | None) -> Record:
-        """The record of an emptied bin: the pieces it held before this call and ``new``,
-        those this call put there; assembled when its data is first read."""
-        return PackedRow(self.rows, old + new if new else old, lane)
+    def _record(self, lane: int, row: list[Piece]) -> Record:
+        """The record of an emptied bin's pieces, assembled when its data is first read."""
+        return PackedRow(self.rows, row, lane)
 
     def flush(self, reset: bool, lane_id: int) -> Iterable[Output]:
         bins = self._lanes.get(lane_id)
@@ -397,11 +395,11 @@ class Pack(LaneStateOperator):
             opened = [(bins.first[b], held[b]) for b in range(self.num_bins) if held[b]]
             rows = bins.waiting + opened
             rows.sort(key=_arrival)
-            out = [self._record(lane_id, row, None) for _, row in rows]
+            out = [self._record(lane_id, row) for _, row in rows]
             bins.waiting, bins.waiting_pieces, bins.arrived = [], 0, 0
             bins.first[:] = [-1] * self.num_bins
         else:
-            out = [self._record(lane_id, held[b], None) for b in range(self.num_bins) if held[b]]
+            out = [self._record(lane_id, held[b]) for b in range(self.num_bins) if held[b]]
         for b in range(self.num_bins):
             held[b] = []
         bins.fill[:] = 0

@@ -1,0 +1,45 @@
+"""The keys of a lane's checkpoint state and of an in-flight chunk's, in one place.
+
+A lane state (:meth:`~zephon.tracking.tracker.LaneTracker.state`) is a plain dict::
+
+    {"lane": 3,
+     "inflight": [chunk state, ...],      # ascending chunk id, each as WorkChunk.to_state
+     "boundaries": [4, 8],                # ascending; b = the first chunk after a sentinel
+     "source": {...},                     # the work source's state_dict()
+     "cursor": [chunk_id, offset, child], # the replay cursor, or None
+     "batches": 12,                       # outputs delivered from the lane
+     "done": False,                       # the end of the lane's stream was delivered
+     "next_chunk_id": 9,
+     ["held": [[op, until, [weights...]], ...]]}  # only while a replay needs it
+
+The tracker writes the entries in this order (msgpack keeps it, so the same run writes the
+same bytes) and reads ``state[KEY]`` strictly when it loads one (the checks:
+:mod:`zephon.tracking.checks`); :mod:`zephon.checkpoint.state`, ``restore`` and
+``zephon inspect`` read them by these names.
+"""
+
+from __future__ import annotations
+
+LANE = "lane"
+INFLIGHT = "inflight"
+BOUNDARIES = "boundaries"
+SOURCE = "source"
+CURSOR = "cursor"
+BATCHES = "batches"
+DONE = "done"
+NEXT_CHUNK_ID = "next_chunk_id"
+#: The optional key of ``ensure_mixture`` holds (see :attr:`LaneTracker.held`).
+HELD = "held"
+
+#: The keys a lane state must have beside :data:`LANE` (which the checkpoint's layout checks
+#: first), in the order they are written.
+LANE_KEYS = (INFLIGHT, BOUNDARIES, SOURCE, CURSOR, BATCHES, DONE, NEXT_CHUNK_ID)
+
+#: An in-flight chunk's state (:meth:`zephon.chunks.WorkChunk.to_state`): its lane and id,
+#: its components and indices as little-endian int32 and int64 bytes, and its seed.
+CHUNK_LANE = "lane"
+CHUNK_ID = "chunk_id"
+CHUNK_COMPONENTS = "components"
+CHUNK_INDICES = "indices"
+CHUNK_SEED = "seed"
+CHUNK_KEYS = (CHUNK_LANE, CHUNK_ID, CHUNK_COMPONENTS, CHUNK_INDICES, CHUNK_SEED)
