@@ -30,7 +30,7 @@ import pytest
 import zephon as zp
 from tests.integration.corpus import lm_pipeline
 from zephon.runners.chain import WHERE
-from zephon.runners.processes import AUTO_FIRST_SLOT_BYTES
+from zephon.runners.options import AUTO_FIRST_SLOT_BYTES
 
 pytestmark = [pytest.mark.processes, pytest.mark.faults]
 

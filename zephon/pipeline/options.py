@@ -43,7 +43,7 @@ class Options(NamedTuple):
 
     The one copy of them: the pipeline shows them as read-only properties, its engine
     reads them here, the worker processes get theirs by name
-    (:class:`~zephon.runners.processes.WorkerOptions`), and the plan is compiled from the
+    (:class:`~zephon.runners.options.WorkerOptions`), and the plan is compiled from the
     few that decide it (never keeping them)."""
 
     topology: Topology

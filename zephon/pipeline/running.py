@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 from zephon.checkpoint.state import lanes_of_rank, merge_states
 from zephon.pipeline.engine import Engine
 from zephon.runners.local import LocalExecutor
-from zephon.runners.processes import ProcessExecutor, WorkerOptions
+from zephon.runners.options import WorkerOptions
+from zephon.runners.processes import ProcessExecutor
 from zephon.tracking.tracker import LaneTracker
 
 if TYPE_CHECKING:

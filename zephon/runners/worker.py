@@ -34,7 +34,7 @@ from zephon.runners.lanes import LaneOutputs, schedule
 
 if TYPE_CHECKING:
     from zephon.plan.compile import Plan
-    from zephon.runners.processes import WorkerOptions
+    from zephon.runners.options import WorkerOptions
 
 LOOKAHEAD_FEEDS = 2  # feed units a worker keeps requested per lane, to hide the round trip
 

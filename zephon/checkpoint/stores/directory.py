@@ -126,14 +126,20 @@ class DirectoryStore(BaseStore):
             an fsspec URL.
     """
 
+    #: The subclass made for a local path and the one for an fsspec URL, by ``for_roots``
+    #: (each registers itself: :mod:`zephon.checkpoint.stores` imports both).
+    _made_for: dict[str, type[DirectoryStore]] = {}
+
+    def __init_subclass__(cls, *, for_roots: str | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if for_roots is not None:
+            DirectoryStore._made_for[for_roots] = cls
+
     def __new__(
         cls, root: str | os.PathLike[str], namespace: str = "zephon", *, fsync: bool = False
     ) -> DirectoryStore:
         if cls is DirectoryStore:
-            from zephon.checkpoint.stores.fsspec_store import FsspecStore
-            from zephon.checkpoint.stores.local import LocalStore
-
-            cls = FsspecStore if is_url(os.fspath(root)) else LocalStore
+            cls = DirectoryStore._made_for["urls" if is_url(os.fspath(root)) else "paths"]
         return super().__new__(cls)
 
     def __init__(

@@ -29,7 +29,7 @@ __all__ = ["FsspecStore"]
 _CREATE_SETTLE_S = 1.0  # how long a loser of create waits for the winner's data to land
 
 
-class FsspecStore(DirectoryStore):
+class FsspecStore(DirectoryStore, for_roots="urls"):
     """Keys as objects under ``url/namespace``.
 
     Args:

@@ -35,7 +35,7 @@ _MAKE_TRIES = 10  # a write whose subdirectory keeps being removed under it give
 _NO_LINK = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV}
 
 
-class LocalStore(DirectoryStore):
+class LocalStore(DirectoryStore, for_roots="paths"):
     """Keys as files under ``path/namespace`` on a local or shared file system.
 
     Args:
