@@ -83,3 +83,38 @@ def test_next_after_close_is_one_clear_error(workers: int, prefetch: int, taken:
     with _small(0, 0) as again:
         again.restore(state)
         assert all(np.array_equal(a, b) for a, b in zip(take(again, 3), expected, strict=True))
+
+
+_LEFT_OPEN = """
+import atexit, threading
+
+@atexit.register  # registered before zephon's handler, so it runs after it
+def _pumps_left():
+    alive = [t.name for t in threading.enumerate() if t.name == "zephon-pump" and t.is_alive()]
+    print("pumps alive at exit:", len(alive), flush=True)
+
+import zephon as zp
+
+src = zp.StaticMixtureWorkSource([zp.ArraySource([f"doc {i} " * 20 for i in range(500)])], seed=0)
+pipe = (zp.Pipeline(src, canonical_replicas=2, prefetch=2).fetch().tokenize(zp.ByteTokenizer())
+        .split(max_len=32).pack(seq_len=32).batch(4))
+next(pipe)
+next(pipe)  # the prefetch pump runs from the second output on
+print("pumping:", any(t.name == "zephon-pump" for t in threading.enumerate()), flush=True)
+# no close(): the interpreter exits with the pipeline open
+"""
+
+
+def test_an_open_pipeline_s_prefetch_thread_is_stopped_before_the_interpreter_exits() -> None:
+    # A daemon pump still inside a tokenizer's C++ when the interpreter finalizes aborted the
+    # process ("terminate called without an active exception", 5 runs in 10 with
+    # SentencePieceTokenizer): an atexit handler closes every engine whose pump runs.
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", _LEFT_OPEN], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert "pumping: True" in out.stdout, out.stdout
+    assert "pumps alive at exit: 0" in out.stdout, out.stdout

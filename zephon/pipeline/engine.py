@@ -13,12 +13,14 @@ chunks evicted and the replay cursor moved.
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
 import time
 import warnings
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
+from weakref import WeakSet
 
 import numpy as np
 
@@ -34,6 +36,20 @@ if TYPE_CHECKING:
 
 _DONE = object()
 _POLL_S = 0.1
+
+# Engines whose prefetch pump runs, stopped at interpreter exit: a daemon thread still inside
+# a tokenizer's C++ when the interpreter finalizes can abort the process ("terminate called
+# without an active exception"). Closing stops the pump between two outputs.
+_PUMPING: WeakSet[Engine] = WeakSet()
+
+
+@atexit.register
+def _stop_pumps() -> None:
+    for engine in list(_PUMPING):
+        try:
+            engine.close()
+        except Exception:  # noqa: BLE001 - best effort at interpreter exit
+            pass
 
 
 class _Failure:
@@ -187,6 +203,7 @@ class Engine:
                 # The first output is made on the caller's thread (a pump running beside it
                 # would take the GIL from it); from here on the pump runs ahead.
                 self._thread = threading.Thread(target=self._pump, name="zephon-pump", daemon=True)
+                _PUMPING.add(self)
                 self._thread.start()
                 self._pump_go.set()
             return item
