@@ -126,8 +126,29 @@ def left_processes(grace_s: float = LEFT_GRACE_S) -> dict[int, str]:
         time.sleep(0.1)
 
 
+def _xdist_worker(config: pytest.Config) -> bool:
+    """This process runs tests for pytest-xdist's controller."""
+    return hasattr(config, "workerinput")
+
+
+def _xdist_controller(config: pytest.Config) -> bool:
+    """This process hands the tests to pytest-xdist's workers (``-n N``): its children are
+    those workers, and each checks what its own tests left."""
+    return getattr(config.option, "numprocesses", None) not in (None, 0) and not hasattr(
+        config, "workerinput"
+    )
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     # Runs after the last fixture's teardown: a process alive now was left by a test.
+    if _xdist_controller(session.config):
+        left_names = sorted(_shm_names() - _NAMES_AT_START)
+        for name in left_names:
+            (SHM / name).unlink(missing_ok=True)
+        if left_names:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+            print(f"the tests left shared-memory names in /dev/shm: {left_names}", file=sys.stderr)
+        return
     left = left_processes()
     if not left:
         return
@@ -164,6 +185,9 @@ def _shm_names() -> set[str]:
         return set()
 
 
+_NAMES_AT_START = _shm_names()
+
+
 def own_memfds(prefix: str = "/memfd:") -> set[str]:
     """This process's open memfd descriptors whose target starts with ``prefix``
     (``fd -> /memfd:name``): the shared-memory segments it holds."""
@@ -184,16 +208,20 @@ def _zephon_memfds() -> set[str]:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def no_shared_memory_left() -> Iterator[None]:
+def no_shared_memory_left(request: pytest.FixtureRequest) -> Iterator[None]:
     """After a module: no ``zephon*`` name new in /dev/shm (Zephon's segments have none: a
     name there is a leak that outlives every process), and no Zephon segment still held by
     this process once what the module dropped is collected (its memory lives as long as
     this process does)."""
+    # Under pytest-xdist another process's test may make a name meanwhile (on purpose: see
+    # test_starting_workers_deletes_nothing_in_dev_shm): the names are then checked once,
+    # for the whole run, by the process that started the workers (pytest_sessionfinish).
+    by_module = not _xdist_worker(request.config)
     names = _shm_names()
     memfds = _zephon_memfds()
     yield
     gc.collect()  # pipelines and rings only dropped close when collected
-    new_names = sorted(_shm_names() - names)
+    new_names = sorted(_shm_names() - names) if by_module else []
     held = sorted(_zephon_memfds() - memfds)
     for name in new_names:
         (SHM / name).unlink(missing_ok=True)
