@@ -3,6 +3,7 @@
 ``import zephon`` never imports JAX; ``zephon.jax`` does.
 """
 
+from zephon import metrics
 from zephon.checkpoint import load, save
 from zephon.chunks import SamplePointer, WorkChunk
 from zephon.errors import (
@@ -30,6 +31,7 @@ from zephon.records import (
     SampleCursor,
     Tombstone,
 )
+from zephon.runners.ray_options import RayWorkers
 from zephon.sources import (
     ArrayRecordSource,
     ArraySource,
@@ -74,6 +76,7 @@ __all__ = [
     "Pipeline",
     "PipelineClosedError",
     "PipelineEndedError",
+    "RayWorkers",
     "Record",
     "RingError",
     "SampleCursor",
@@ -92,6 +95,7 @@ __all__ = [
     "__version__",
     "build_length_index",
     "load",
+    "metrics",
     "open_length_index",
     "save",
 ]

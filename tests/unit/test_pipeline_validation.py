@@ -108,7 +108,10 @@ def test_bad_output_mode() -> None:
 
 @pytest.mark.parametrize("bad", [-1, 1.5, "2", "Auto"])
 def test_bad_workers(bad) -> None:
-    with pytest.raises(ValueError, match=rf"workers must be an int >= 0 or 'auto'; got {bad!r}"):
+    with pytest.raises(
+        ValueError,
+        match=rf"workers must be an int >= 0, 'auto' or zp.RayWorkers\(...\); got {bad!r}",
+    ):
         zp.Pipeline(source(), workers=bad)
 
 

@@ -18,6 +18,7 @@ import queue
 import threading
 import time
 import warnings
+from bisect import bisect_left
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 from weakref import WeakSet
@@ -25,8 +26,9 @@ from weakref import WeakSet
 import numpy as np
 
 from zephon.errors import CheckpointError, DataStallWarning, PipelineClosedError
+from zephon.metrics.observe import STALL_FRACTION, STALL_MIN_BUSY_S, WAIT_BUCKETS_S, stall_cause
 from zephon.plan.compile import Plan
-from zephon.runners.base import Executor, LaneRun
+from zephon.runners.base import Executor, LaneRun, pulled_inflight
 from zephon.runners.chain import LaneCounts, LaneOutput
 from zephon.runners.lanes import LOCKSTEP, schedule
 from zephon.tracking.tracker import LaneTracker
@@ -87,12 +89,6 @@ def concat_lockstep(outputs: list[LaneOutput], pad: Any = None) -> Any:
     return np.concatenate(datas)
 
 
-#: The data-stall warning fires when the consumer waits in next() for more than this share
-#: of its time, once it has been busy between batches for STALL_MIN_BUSY_S.
-STALL_FRACTION = 0.10
-STALL_MIN_BUSY_S = 1.0
-
-
 class Engine:
     """Runs ``plan`` for the lanes of ``trackers`` with the pipeline's ``options``
     (``output``, ``prefetch``), the operators in ``executor``."""
@@ -119,6 +115,7 @@ class Engine:
         #: Batches delivered since the start of the data (restored with the lanes): the
         #: step a checkpoint names, the same on every rank at a training step.
         self.step = 0
+        self.first_step = 0  # the step this engine started at (a restore's)
         self.replayed_chunks = 0
         self.started = False
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max(options.prefetch, 1))
@@ -140,12 +137,23 @@ class Engine:
         self._first_s: float | None = None
         self._returned_at: float | None = None
         self._stall_warned = False
+        self.first_at: float | None = None  # when the first next() returned
+        self.wait_buckets = [0] * (len(WAIT_BUCKETS_S) + 1)  # see WAIT_BUCKETS_S
+        #: Per component, the ``component_tokens`` of the delivered batches (tokens once
+        #: tokenized, samples before).
+        self.component_tokens: dict[int, int] = {}
 
     # ------------------------------------------------------------ production
     def pull(self, lane: int) -> list[Any]:
         """The lane's next feed unit, under the lock that checkpoint() also takes."""
         with self.lock:
             return self.trackers[lane].pull()
+
+    def inflight_feeds(self, lane: int) -> list[list[Any]]:
+        """The lane's pulled in-flight chunks as feed units (see
+        :func:`~zephon.runners.base.pulled_inflight`), under the lock."""
+        with self.lock:
+            return pulled_inflight(self.trackers[lane])
 
     def _produce(self) -> Iterator[Any]:
         done = [lane for lane in self.lanes if self.trackers[lane].done]
@@ -232,6 +240,7 @@ class Engine:
                 done,
                 self.stopping,
                 self.pad_ended,
+                self.inflight_feeds,
             )
         )
         self._gen = self._produce()
@@ -249,8 +258,10 @@ class Engine:
             left = time.perf_counter()
             if self._calls:
                 self._wait_s += left - entered
+                self.wait_buckets[bisect_left(WAIT_BUCKETS_S, left - entered)] += 1
             else:
                 self._first_s = left - entered
+                self.first_at = left
             self._calls += 1
             self._returned_at = left
             if not self._stall_warned and self._calls % 16 == 0:
@@ -273,7 +284,9 @@ class Engine:
             f"{STALL_FRACTION:.0%}); the loader is the bottleneck: raise Pipeline(workers=...) "
             "or prefetch=, or fetch(parallelism=) for slow storage (now "
             f"workers={self.options.workers}, prefetch={self.options.prefetch}). "
-            "stats()['next_wait_fraction'] follows it. Warned once per run",
+            f"{stall_cause(self)}"
+            "stats()['next_wait_fraction'] and stats()['bottleneck'] follow it. Warned once "
+            "per run",
             DataStallWarning,
             stacklevel=3,
         )
@@ -357,6 +370,9 @@ class Engine:
             if out.end:
                 tracker.done = True
             return
+        tokens = self.component_tokens
+        for comp, n in rec.component_tokens.items():
+            tokens[comp] = tokens.get(comp, 0) + n
         contributors = rec.contributors + out.tombstones if out.tombstones else rec.contributors
         tracker.deliver(contributors, getattr(rec, "last_cursor", None) or rec.cursor)
 
@@ -380,7 +396,7 @@ class Engine:
             replayed += tracker.load(lane_states[lane])
             tracker.held = holds.get(lane, [])
         self.replayed_chunks = replayed
-        self.step = step
+        self.step = self.first_step = step
         if next_lane is None:
             live = [lane for lane in self.lanes if not self.trackers[lane].done] or self.lanes
             next_lane = min(live, key=lambda lane: (self.trackers[lane].batches, lane))

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, TypeGuard
 
 import numpy as np
 
 from zephon.runners.lanes import OUTPUTS
+from zephon.runners.ray_options import RayWorkers
 from zephon.topology import Topology, resolve_topology
 
 #: Slots per worker ring when ``ring_slots`` is not given (see benchmarks.ring_depth).
@@ -63,6 +64,10 @@ class Options(NamedTuple):
     worker_timeout_s: float
     worker_start_method: str
     seed: int | None
+    metrics_port: int | None = None
+    #: ``workers=zp.RayWorkers(...)``: the lanes run on Ray actors (``workers`` is then
+    #: its ``num_workers``); None: local worker processes or this process.
+    remote: Any = None
 
     @property
     def lanes_per_process(self) -> int:
@@ -76,7 +81,7 @@ def checked_options(
     *,
     canonical_replicas: int,
     flush_every_k_chunks: int | None,
-    workers: int | Literal["auto"],
+    workers: int | Literal["auto"] | RayWorkers,
     rank: int | None,
     world_size: int | None,
     dp_rank: int | None,
@@ -94,6 +99,7 @@ def checked_options(
     worker_timeout_s: float,
     worker_start_method: str,
     seed: int | None,
+    metrics_port: int | None = None,
 ) -> Options:
     """:class:`~zephon.Pipeline`'s arguments checked and resolved.
 
@@ -108,10 +114,15 @@ def checked_options(
         )
     if output not in OUTPUTS:
         raise ValueError(f"output must be one of {OUTPUTS}; got {output!r}")
+    remote = None
+    if _is_ray_workers(workers):
+        remote, workers = workers, workers.num_workers
     if workers != "auto" and (
         not isinstance(workers, int) or isinstance(workers, bool) or workers < 0
     ):
-        raise ValueError(f"workers must be an int >= 0 or 'auto'; got {workers!r}")
+        raise ValueError(
+            f"workers must be an int >= 0, 'auto' or zp.RayWorkers(...); got {workers!r}"
+        )
     if prefetch is not None and (
         not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 0
     ):
@@ -206,6 +217,15 @@ def checked_options(
         or not -(2**63) <= int(seed) < 2**64
     ):
         raise ValueError(f"seed must be None or an int in [-2**63, 2**64); got {seed!r}")
+    if metrics_port is not None and (
+        not isinstance(metrics_port, int)
+        or isinstance(metrics_port, bool)
+        or not 0 <= metrics_port <= 65535
+    ):
+        raise ValueError(
+            f"metrics_port must be None (no metrics endpoint) or a TCP port in 0..65535 (0: "
+            f"any free one); got {metrics_port!r}"
+        )
     return Options(
         topology=topology,
         canonical_replicas=canonical_replicas,
@@ -224,7 +244,13 @@ def checked_options(
         worker_timeout_s=float(worker_timeout_s),
         worker_start_method=worker_start_method,
         seed=None if seed is None else int(seed),
+        metrics_port=metrics_port,
+        remote=remote,
     )
+
+
+def _is_ray_workers(workers: Any) -> TypeGuard[RayWorkers]:
+    return isinstance(workers, RayWorkers)
 
 
 def auto_workers(lanes: int) -> int:

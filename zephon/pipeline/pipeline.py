@@ -16,6 +16,7 @@ checkpoint round to :mod:`zephon.pipeline.running`, the state's schema to
 
 from __future__ import annotations
 
+import time
 import warnings
 from typing import Any, Literal, Self
 
@@ -24,6 +25,7 @@ import msgpack
 from zephon._fingerprint import pipeline_fingerprints
 from zephon.checkpoint.state import build_state, check_header, state_step
 from zephon.errors import CheckpointError, DroppedRecordsWarning, PipelineEndedError
+from zephon.metrics.observe import CheckpointClock, observed, skipped_records
 from zephon.operators.base import Operator
 from zephon.pipeline.building import ChainBuilder
 from zephon.pipeline.collector import PROMOTE_LANES, collector_paused
@@ -36,9 +38,10 @@ from zephon.pipeline.options import (  # the defaults and auto_workers stay impo
     checked_options,
 )
 from zephon.pipeline.restoring import plan_restore
-from zephon.pipeline.running import open_aggregator, skipped_records, start_engine
+from zephon.pipeline.running import open_aggregator, start_engine
 from zephon.plan.compile import Plan, compile_pipeline, explain
 from zephon.runners.lanes import INTERLEAVE
+from zephon.runners.ray_options import RayWorkers
 from zephon.topology import Topology
 from zephon.work_sources.mixture_change import (
     MixtureChange,
@@ -61,7 +64,8 @@ class Pipeline(ChainBuilder):
             a dataset may define ``__zephon_reopen__``: see ``zephon.runners.shipping``).
             ``"auto"``: :func:`auto_workers` — one per CPU this process may run on, less
             one for the training loop, at most 8 and at most this rank's lanes (a machine
-            with one CPU gets 0).
+            with one CPU gets 0). :class:`~zephon.RayWorkers`: the lanes run on Ray actors
+            (see :mod:`zephon.runners.ray`); ``workers`` then reads its ``num_workers``.
         rank: this process's rank in a multi-host job; defaults to
             ``jax.process_index()`` when ``jax.distributed`` is initialised, else 0.
         world_size: the number of ranks; defaults to ``jax.process_count()`` when
@@ -121,6 +125,9 @@ class Pipeline(ChainBuilder):
             identity, never from processing order. ``None``: the work source's seed, which
             also orders the source's samples, so by default one seed drives everything
             (give both to vary the order and the operators' draws apart).
+        metrics_port: serve Prometheus metrics (``zephon_*``) on this port of 127.0.0.1
+            from the first ``next()`` until ``close()`` (0: any free port; needs
+            ``prometheus_client``, the ``metrics`` extra). See :mod:`zephon.metrics`.
     """
 
     def __init__(
@@ -129,7 +136,7 @@ class Pipeline(ChainBuilder):
         *,
         canonical_replicas: int = 8,
         flush_every_k_chunks: int | None = None,
-        workers: int | Literal["auto"] = 0,
+        workers: int | Literal["auto"] | RayWorkers = 0,
         rank: int | None = None,
         world_size: int | None = None,
         dp_rank: int | None = None,
@@ -147,6 +154,7 @@ class Pipeline(ChainBuilder):
         worker_timeout_s: float = 60.0,
         worker_start_method: str = "spawn",
         seed: int | None = None,
+        metrics_port: int | None = None,
     ) -> None:
         options = checked_options(
             source,
@@ -170,6 +178,7 @@ class Pipeline(ChainBuilder):
             worker_timeout_s=worker_timeout_s,
             worker_start_method=worker_start_method,
             seed=seed,
+            metrics_port=metrics_port,
         )
         self._options = options  # the one copy of the arguments: see the properties below
         self.source = source
@@ -180,6 +189,8 @@ class Pipeline(ChainBuilder):
         self._agg: Any = None
         self._fingerprint: tuple[str, dict[str, str], str] | None = None
         self._closed = False
+        self._ckpt_clock = CheckpointClock()
+        self._metrics: Any = None  # the metrics endpoint (metrics_port), once started
 
     def _extended(self, ops: tuple[Operator, ...]) -> Self:
         # A new pipeline: nothing compiled, fingerprinted or started for the old chain.
@@ -189,6 +200,8 @@ class Pipeline(ChainBuilder):
         new._agg = None
         new._fingerprint = None
         new._closed = False
+        new._ckpt_clock = CheckpointClock()
+        new._metrics = None
         return new
 
     # ------------------------------------------------------- the arguments
@@ -274,6 +287,11 @@ class Pipeline(ChainBuilder):
         return self._options.seed
 
     @property
+    def metrics_port(self) -> int | None:
+        """As given (None: no metrics endpoint)."""
+        return self._options.metrics_port
+
+    @property
     def _topology(self) -> Topology:
         return self._options.topology
 
@@ -327,6 +345,10 @@ class Pipeline(ChainBuilder):
     def _get_engine(self) -> Engine:
         if self._engine is None:
             self._engine = start_engine(self._compiled(), self.source, self._options)
+            if self._metrics is None and self._options.metrics_port is not None:
+                from zephon.metrics.exporter import serve
+
+                self._metrics = serve(self, self._options.metrics_port)
         return self._engine
 
     # ------------------------------------------------------------ iterate
@@ -381,7 +403,13 @@ class Pipeline(ChainBuilder):
         :meth:`restore` and the Orbax handler only read it; ``copy.deepcopy`` it before
         changing anything in place.
         """
-        return self.aggregate(self.local_checkpoint())
+        t0 = time.perf_counter()
+        state = self.local_checkpoint()
+        t1 = time.perf_counter()
+        state = self.aggregate(state)
+        t2 = time.perf_counter()
+        self._ckpt_clock.record(t2 - t0, t2 - t1 if self._aggregated() else None)
+        return state
 
     def local_checkpoint(self) -> dict[str, Any]:
         """This rank's own state at its last delivered batch, without a checkpoint round
@@ -492,8 +520,19 @@ class Pipeline(ChainBuilder):
         without workers). ``next_wait_fraction``: the share of the consumer's time since
         its first batch spent waiting inside ``next()`` (``next_wait_s`` in seconds;
         ``first_batch_s`` the first call's); above 10% for a loop that is busy between
-        batches, a ``DataStallWarning`` names the knobs, once per run."""
-        st = self._get_engine().stats()
+        batches, a ``DataStallWarning`` names the knobs, once per run.
+
+        For the metrics (:mod:`zephon.metrics`, which exports these): ``busy`` per place
+        (each worker, or the parent) its operators' seconds by stage and its busy fraction;
+        ``bottleneck`` the busiest place and stage with the knob to turn (None before the
+        first batch); ``mixture`` per component its target weight, delivered tokens and
+        documents dealt with their shares; ``batches_delivered`` (by this pipeline),
+        ``step``, ``next_wait_histogram``, and the ``checkpoint()`` timings
+        (``checkpoints``, ``checkpoint_s`` the last, ``checkpoint_seconds_total``, the
+        same for ``rounds``)."""
+        engine = self._get_engine()
+        st = engine.stats()
+        st.update(observed(self, engine))
         if isinstance(self._last_checkpoint, dict):
             self._last_checkpoint = len(msgpack.packb(self._last_checkpoint, use_bin_type=True))
         st["checkpoint_bytes"] = self._last_checkpoint
@@ -506,6 +545,8 @@ class Pipeline(ChainBuilder):
         Afterwards ``next()`` raises :class:`~zephon.PipelineClosedError`; ``checkpoint()``
         still returns the state at the last delivered batch."""
         self._closed = True
+        if self._metrics is not None:
+            self._metrics.close()
         if self._engine is not None:
             self._engine.close()
         if self._agg is not None:

@@ -40,7 +40,11 @@ def start_engine(plan: Plan, source: Any, opts: Options) -> Engine:
         for lane in opts.topology.lanes
     }
     executor: Any
-    if opts.workers > 0:
+    if opts.remote is not None:
+        from zephon.runners.ray import RayExecutor  # imports Ray when the pipeline runs
+
+        executor = RayExecutor(plan, opts.remote, WorkerOptions.of(opts))
+    elif opts.workers > 0:
         executor = ProcessExecutor(plan, WorkerOptions.of(opts), _components(source))
     else:
         executor = LocalExecutor(plan)
@@ -79,17 +83,3 @@ def open_aggregator(opts: Options, fingerprint: str) -> Aggregator:
     except BaseException:
         store.close()
         raise
-
-
-def skipped_records(source: Any) -> dict[str, dict[str, int]]:
-    """``ds.skipped_records()`` per component name. These datasets decide what to skip while
-    they are built, in this process, so this process's objects know the counts whatever
-    the number of workers."""
-    names = tuple(getattr(source, "names", ()))
-    datasets = tuple(getattr(source, "datasets", ()))
-    out: dict[str, dict[str, int]] = {}
-    for name, ds in zip(names, datasets, strict=False):
-        counts = getattr(ds, "skipped_records", None)
-        if callable(counts):
-            out[name] = dict(counts())
-    return out

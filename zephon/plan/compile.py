@@ -248,12 +248,19 @@ def explain(plan: Plan, where: Placement, chunk_size: int) -> str:
         else:
             stages.append([entry])
     workers = where.workers
-    place = "worker" if workers > 0 else "local"
+    remote = getattr(where, "remote", None) is not None  # zp.RayWorkers: lanes on actors
+    place = "ray" if remote else "worker" if workers > 0 else "local"
     lines = []
     for index, stage in enumerate(stages):
         mode = stage[0][0]
         cap = max(p for _, _, p in stage) if mode == MICROBATCHES else 1
-        runner = "processes" if workers > 0 else ("threads" if cap > 1 else "inline")
+        runner = (
+            "ray"
+            if remote
+            else "processes"
+            if workers > 0
+            else ("threads" if cap > 1 else "inline")
+        )
         if workers > 0:
             cap = workers  # a worker runs every step of its lanes
         lines.append(f"Stage[{index}] place={place} runner={runner} cap={cap} mode={mode}")
@@ -261,7 +268,9 @@ def explain(plan: Plan, where: Placement, chunk_size: int) -> str:
         lines.append("  " + sep.join(f"{name}@p{p}" for _, name, p in stage))
         if index < len(stages) - 1:
             lines.append(f"  --[stage_out={chunk_size}]-->")
-    if workers > 0:
+    if remote:
+        lines.append("  ==[Ray object store, per lane]==> parent")
+    elif workers > 0:
         lines.append(f"  ==[ring_slots={where.ring_slots} per worker]==> parent")
     lines.append(f"  ==[final_prefetch={where.prefetch}]==> pipeline_end")
     lines.append(

@@ -8,10 +8,11 @@ everything it needs as values in a :class:`LaneRun`, never the engine itself.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from zephon.records import SampleCursor
+from zephon.records import FlushSentinel, SampleCursor
 from zephon.runners.chain import LaneOutput
 from zephon.runners.lanes import Pull
 
@@ -29,6 +30,9 @@ class LaneRun:
         stopping: set when the engine closes: nothing may wait on a worker after it.
         pad_ended: in lockstep, go on until every lane ended, padding the ended ones
             (``batch(pad_last=True)``; see :func:`~zephon.runners.lanes.schedule`).
+        inflight: a lane's chunks that were pulled and are still in flight, as feed units
+            (see :func:`pulled_inflight`), under the engine's lock: what an executor that
+            moves a lane replays to run it again elsewhere.
     """
 
     lanes: list[int]
@@ -38,6 +42,7 @@ class LaneRun:
     done: list[int]
     stopping: threading.Event
     pad_ended: bool = False
+    inflight: Callable[[int], list[list[Any]]] | None = None
 
 
 class Executor(Protocol):
@@ -55,3 +60,21 @@ class Executor(Protocol):
     def extra_stats(self) -> dict[str, Any]: ...
 
     def close(self) -> None: ...
+
+
+def pulled_inflight(tracker: Any) -> list[list[Any]]:
+    """A :class:`~zephon.tracking.tracker.LaneTracker`'s chunks that were pulled and are
+    still in flight, as feed units: each chunk, followed by a flush sentinel where the lane
+    has a boundary after it (as a restore replays them). Chunks a restore has not handed
+    out again yet are left out: they are still to come from ``pull``."""
+    waiting = {it.chunk_id for it in tracker.replay if not isinstance(it, FlushSentinel)}
+    bounds = set(tracker.boundaries)
+    units: list[list[Any]] = []
+    for chunk_id, track in tracker.inflight.items():
+        if chunk_id in waiting:
+            continue
+        unit: list[Any] = [track.chunk]
+        if chunk_id + 1 in bounds:
+            unit.append(FlushSentinel(tracker.lane, chunk_id + 1))
+        units.append(unit)
+    return units

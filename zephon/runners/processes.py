@@ -451,6 +451,8 @@ class ProcessExecutor:
                     "lanes": h.lanes,
                     "alive": h.proc is not None and h.proc.is_alive(),
                     "ring": h.ring.name,
+                    "ring_fill": h.ring.fill(),  # finished batches waiting for the parent
+                    "ring_slots": h.ring.nslots,
                 }
                 for h in self.handles
             ]

@@ -228,6 +228,11 @@ def _data_ready(buf: Any, nslots: int) -> int | None:
     return CLOSED if _ld32(buf, _CLOSED) else None
 
 
+def fill(buf: Any) -> int:
+    """Messages committed and not yet taken: a racy read, for the metrics only."""
+    return max(0, _ld64(buf, _HEAD) - _ld64(buf, _ACQUIRED))
+
+
 def _wait(buf: Any, ready: Any, nslots: int, timeout_ns: int) -> int:
     status = ready(buf, nslots)
     if status is not None:

@@ -216,6 +216,12 @@ class ShmRing:
             mv = self._slot_views[slot] = view[start : start + self.slot_bytes]
         return mv
 
+    def fill(self) -> int:
+        """Messages the producer committed that the consumer has not taken yet (0 once
+        this object is closed); read without synchronisation, for the metrics."""
+        view = self._view
+        return 0 if view is None else pyring.fill(view)
+
     # -- producer ------------------------------------------------------------
 
     def reserve(self, timeout_s: float | None = None) -> SlotWriter:

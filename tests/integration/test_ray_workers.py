@@ -1,0 +1,337 @@
+"""Lanes on Ray actors (``workers=zp.RayWorkers(n)``): the batches of ``workers=0``, bit for
+bit; checkpoints that restore across executors; lanes that move when an actor dies; errors
+that name the actor and the lane; a local Ray that stays on 127.0.0.1.
+
+One local Ray per module (started on loopback, shut down at the end). Under ``CI=true`` a
+missing ``ray`` fails these tests (the suite's conftest turns the skip into a failure).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import zephon as zp
+from tests.integration.corpus import lm_pipeline
+from zephon.errors import WorkerError
+from zephon.testing import assert_resumes_exactly, assert_same_batches, roundtrip, take
+
+pytestmark = pytest.mark.ray
+
+SEED = 21
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray = pytest.importorskip("ray", reason="the ray extra (pip install zephon[ray])")
+    from zephon.runners.ray_options import start_local_ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    start_local_ray(num_cpus=2, object_store_memory=100 << 20)
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def reference():
+    with lm_pipeline(seed=SEED) as p:
+        return take(p)
+
+
+def ray_pipeline(n: int = 2, **kw):
+    return lm_pipeline(seed=kw.pop("seed", SEED), workers=zp.RayWorkers(n), **kw)
+
+
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        ({"num_workers": 0}, r"num_workers=\.\.\.\) must be an int >= 1; got 0"),
+        ({"num_workers": 2, "address": ""}, r"address=\.\.\.\) must be None"),
+        ({"num_workers": 2, "resources": {"CPU": -1}}, r"resources=\.\.\.\) must map"),
+        ({"num_workers": 2, "speculate": "yes"}, r"speculate=\.\.\.\) must be a bool"),
+    ],
+)
+def test_ray_workers_arguments_are_checked(kw, match):
+    with pytest.raises(ValueError, match=match):
+        zp.RayWorkers(**kw)
+
+
+def test_ray_workers_is_a_workers_value_without_importing_ray():
+    import sys
+
+    had_ray = "ray" in sys.modules
+    pipe = lm_pipeline(workers=zp.RayWorkers(3, resources={"CPU": 0.5, "GPU": 0, "disk": 1}))
+    assert pipe.workers == 3
+    assert zp.RayWorkers(1, resources={"CPU": 0.5, "GPU": 0, "disk": 1}).actor_options() == {
+        "num_cpus": 0.5,
+        "num_gpus": 0.0,
+        "resources": {"disk": 1.0},
+    }
+    assert "place=ray runner=ray" in pipe.explain()
+    assert ("ray" in sys.modules) == had_ray  # nothing runs until the first next()
+    pipe.close()
+
+
+def test_interleave_matches_in_process_and_local_workers(ray_cluster, reference):
+    with ray_pipeline(2) as p:
+        got = take(p)
+        assert p.stats()["ray"]["lane_moves"] == 0
+    assert_same_batches(reference, got, "ray vs workers=0")
+    with lm_pipeline(seed=SEED, workers=1) as p:
+        assert_same_batches(take(p), got, "ray vs local workers")
+
+
+def test_lockstep_matches_in_process(ray_cluster):
+    with lm_pipeline(seed=22, output="lockstep", num_epochs=None) as p:
+        ref = take(p, 10)
+    with ray_pipeline(2, seed=22, output="lockstep", num_epochs=None) as p:
+        assert_same_batches(ref, take(p, 10))
+
+
+def test_too_few_resources_is_an_error_in_worker_timeout_s(ray_cluster):
+    pipe = lm_pipeline(seed=SEED, workers=zp.RayWorkers(3), worker_timeout_s=2)  # 2 CPUs
+    with pipe, pytest.raises(WorkerError, match=r"1 of 3 Ray actors did not start within"):
+        next(iter(pipe))
+
+
+def test_checkpoint_from_ray_restores_into_workers_0(ray_cluster, reference):
+    n = len(reference)
+    assert_resumes_exactly(
+        lambda: ray_pipeline(2),
+        restore_build=lambda: lm_pipeline(seed=SEED),
+        cuts=[0, n // 2],
+        reference=reference,
+    )
+
+
+def test_checkpoint_from_workers_0_restores_into_ray(ray_cluster, reference):
+    assert_resumes_exactly(
+        lambda: lm_pipeline(seed=SEED),
+        restore_build=lambda: ray_pipeline(2),
+        cuts=[7],
+        reference=reference,
+    )
+
+
+def _kill_actor(ray, pipe, index: int) -> None:
+    executor = pipe._engine.executor
+    ray.kill(executor.actors[index].handle, no_restart=True)
+
+
+def _take_until_moved(pipe, cap: int = 200) -> list:
+    """Batches until the pipeline has seen its killed actor's death (it notices when it
+    next waits on that actor: after what the actor had made already), at most ``cap``."""
+    got = []
+    while pipe.stats()["ray"]["lane_moves"] == 0 and len(got) < cap:
+        got += take(pipe, 1)
+    assert pipe.stats()["ray"]["lane_moves"] == 1
+    return got
+
+
+def _tracking(state):
+    """Each lane's lowest in-flight chunk and replay cursor: where eviction stands."""
+    return [(lane["inflight"][0]["chunk_id"], lane["cursor"]) for lane in state["lanes"]]
+
+
+@pytest.mark.parametrize("output", ["interleave", "lockstep"])
+def test_killed_actor_gives_its_lanes_to_another(ray_cluster, output):
+    kw = {"output": output, "num_epochs": None}
+    with ray_pipeline(2, seed=24, **kw) as p:
+        got = take(p, 3)
+        _kill_actor(ray_cluster, p, 0)
+        got += _take_until_moved(p)
+        got += take(p, 5)
+        stats = p.stats()["ray"]
+        assert [a["alive"] for a in stats["actors"]] == [False, True]
+        assert sorted(stats["actors"][1]["lanes"]) == [0, 1, 2, 3]
+        state = roundtrip(p.checkpoint())  # taken after the move: restores anywhere
+        cut = len(got)
+        got += take(p, 10)
+    with lm_pipeline(seed=24, **kw) as p:
+        ref = take(p, cut)
+        # every piece counted once: eviction where workers=0 has it at the same step
+        assert _tracking(state) == _tracking(p.checkpoint())
+        ref += take(p, 10)
+    assert_same_batches(ref, got, "batches across the actor's death")
+    with lm_pipeline(seed=24, **kw) as q:
+        q.restore(state)
+        assert_same_batches(ref[cut:], take(q, 10), "restored after the move")
+
+
+def _monotone(workers=0, chain=True, **kw):
+    """fetch -> tokenize -> split -> map (a lambda) -> batch: every operator keeps cursor order (watermark
+    eviction, no flush sentinels)."""
+    src = zp.StaticMixtureWorkSource(
+        datasets={"a": zp.ArraySource([f"doc {i} " * (i % 9 + 1) for i in range(80)])},
+        weights={"a": 1.0},
+        seed=5,
+        chunk_size=5,
+        num_epochs=None,
+    )
+    pipe = zp.Pipeline(src, canonical_replicas=3, workers=workers, **kw)
+    if not chain:
+        return pipe
+    pad = lambda d: {"tokens": np.pad(d["tokens"], (0, 16 - d["tokens"].size))}  # noqa: E731
+    return pipe.fetch().tokenize(zp.ByteTokenizer()).split(16).map(pad).batch(4)
+
+
+def test_monotone_pipeline_moves_and_resumes(ray_cluster):
+    with _monotone(zp.RayWorkers(2)) as p:
+        got = take(p, 4)
+        _kill_actor(ray_cluster, p, 1)
+        got += _take_until_moved(p)
+        state = roundtrip(p.checkpoint())
+        cut = len(got)
+        got += take(p, 10)
+    with _monotone() as p:
+        ref = take(p, len(got))
+    assert_same_batches(ref, got, "monotone, across the actor's death")
+    with _monotone(zp.RayWorkers(1)) as q:
+        q.restore(state)
+        assert_same_batches(ref[cut:], take(q, 10), "restored into one actor")
+
+
+def test_user_error_names_type_actor_and_lane(ray_cluster):
+    def explode(d):
+        if d["tokens"].size > 150:
+            raise KeyError("a long document")
+        return d
+
+    src = zp.StaticMixtureWorkSource(
+        datasets={"docs": zp.ArraySource(["x" * n for n in range(20, 400, 7)])},
+        weights={"docs": 1.0},
+        seed=1,
+        chunk_size=4,
+        num_epochs=1,
+    )
+    pipe = zp.Pipeline(src, canonical_replicas=2, workers=zp.RayWorkers(2))
+    pipe = pipe.fetch().tokenize(zp.ByteTokenizer()).map(explode).batch(2)
+    with pipe, pytest.raises(KeyError) as info:
+        take(pipe)
+    assert isinstance(info.value, WorkerError)
+    assert "a long document" in str(info.value)
+    assert "Ray actor" in str(info.value) and "lane " in str(info.value)
+
+
+def _missing_on_the_cluster():
+    raise ModuleNotFoundError("No module named 'only_on_the_laptop'")
+
+
+class _OnlyHere:
+    """Pickles here; unpickling it (on an actor) fails as a missing package would."""
+
+    def __reduce__(self):
+        return _missing_on_the_cluster, ()
+
+
+def test_actor_that_cannot_start_is_an_error_naming_the_cause(ray_cluster):
+    held = _OnlyHere()
+    pipe = _monotone(zp.RayWorkers(1), chain=False)
+    pipe = pipe.fetch().map(lambda d: d if held else d).batch(2)
+    with (
+        pipe,
+        pytest.raises(WorkerError, match=r"(?s)Ray actor 0 could not start.*only_on_the_laptop"),
+    ):
+        next(iter(pipe))
+
+
+def test_unreachable_address_is_an_error_naming_it(ray_cluster):
+    t0 = time.monotonic()
+    pipe = lm_pipeline(seed=SEED, workers=zp.RayWorkers(1, address="127.0.0.1:1"))
+    with pipe, pytest.raises(ConnectionError, match=r"address='127\.0\.0\.1:1'.*cannot be reached"):
+        next(iter(pipe))
+    assert time.monotonic() - t0 < zp.RayWorkers(1).connect_timeout_s + 5
+
+
+def _socket_inodes(pid: int) -> set[int]:
+    inodes = set()
+    try:
+        fds = list(Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:
+        return inodes
+    for fd in fds:
+        try:
+            link = os.readlink(fd)
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(int(link[8:-1]))
+    return inodes
+
+
+def _descendants(root: int) -> list[int]:
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_bytes()
+            except OSError:
+                continue
+            parents[int(entry.name)] = int(stat[stat.rindex(b")") + 2 :].split()[1])
+    out, frontier = [], [root]
+    while frontier:
+        p = frontier.pop()
+        kids = [c for c, pp in parents.items() if pp == p]
+        out += kids
+        frontier += kids
+    return out
+
+
+def _tcp_sockets() -> dict[int, tuple[str, str]]:
+    """inode -> (local address, remote address) of every TCP socket (v4 and v6)."""
+
+    def addr(hexaddr: str) -> str:
+        ip, port = hexaddr.split(":")
+        raw = bytes.fromhex(ip)
+        if len(raw) == 4:
+            return ".".join(str(b) for b in raw[::-1])
+        words = [raw[i : i + 4][::-1] for i in range(0, 16, 4)]
+        v6 = b"".join(words)
+        if v6[:12] == b"\0" * 10 + b"\xff\xff":
+            return ".".join(str(b) for b in v6[12:])
+        return "::1" if v6 == b"\0" * 15 + b"\1" else ("::" if v6 == b"\0" * 16 else v6.hex())
+
+    out = {}
+    for name in ("tcp", "tcp6"):
+        lines = Path(f"/proc/net/{name}").read_text().splitlines()[1:]
+        for line in lines:
+            f = line.split()
+            out[int(f[9])] = (addr(f[1]), addr(f[2]))
+    return out
+
+
+def test_every_ray_socket_is_on_loopback(ray_cluster, reference):
+    with ray_pipeline(2) as p:  # actors up and talking while we look
+        take(p, 3)
+        pids = _descendants(os.getpid())
+        sockets = _tcp_sockets()
+        seen = {}
+        for pid in pids:
+            for inode in _socket_inodes(pid):
+                if inode in sockets:
+                    seen[(pid, inode)] = sockets[inode]
+    assert pids and seen, "no Ray process or socket found"
+    loopback = {"127.0.0.1", "::1"}
+    wild = {"0.0.0.0", "::"}
+    bad = {
+        k: v
+        for k, v in seen.items()
+        if v[0] not in loopback or (v[1] not in loopback and v[1] not in wild)
+    }
+    assert not bad, f"Ray sockets off loopback (pid, inode) -> (local, remote): {bad}"
+    names = {_comm(pid) for pid, _ in seen}
+    assert {"raylet", "gcs_server", "ray::LaneActor"} <= names, names
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return "?"
