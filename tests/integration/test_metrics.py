@@ -180,9 +180,11 @@ def test_a_slow_map_in_one_worker_is_named_the_bottleneck_and_in_the_stall_warni
         .batch(4)
     )
     with pipe, pytest.warns(zp.DataStallWarning, match=r"The bottleneck: map in worker 1") as w:
-        for _ in range(64):
+        for step in range(1, 641):
             next(pipe)
             time.sleep(0.02)  # the training step
+            if step >= 64 and len(w):  # warned (a loaded machine may take longer to)
+                break
         got = _scrape(pipe._metrics.url)
         st = pipe.stats()
     b = st["bottleneck"]
@@ -195,8 +197,11 @@ def test_a_slow_map_in_one_worker_is_named_the_bottleneck_and_in_the_stall_warni
     assert len(w) == 1 and "map(parallelism=)" in str(w[0].message)
 
 
-def test_import_zephon_leaves_prometheus_client_alone():
-    code = "import sys, zephon; assert 'prometheus_client' not in sys.modules, 'imported'"
+def test_import_zephon_leaves_prometheus_client_and_matplotlib_alone():
+    code = (
+        "import sys, zephon, zephon.cli.main; "
+        "bad = {'prometheus_client', 'matplotlib'} & set(sys.modules); assert not bad, bad"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 

@@ -1,4 +1,4 @@
-"""``zephon demo | bench | inspect | lengths``."""
+"""``zephon demo | bench | inspect | lengths | report | top``."""
 
 from __future__ import annotations
 
@@ -84,6 +84,18 @@ def lengths(args: argparse.Namespace) -> int:
         f"{tokenizer!r}{' (resumed)' if resuming else ''} in {time.perf_counter() - t0:.1f} s"
     )
     return 0
+
+
+def report(args: argparse.Namespace) -> int:
+    from zephon.cli.report import report as run
+
+    return run(args)
+
+
+def top(args: argparse.Namespace) -> int:
+    from zephon.cli.top import top as run
+
+    return run(args)
 
 
 def bench(argv: list[str]) -> int:
@@ -185,6 +197,25 @@ def _main(argv: list[str] | None) -> int:
     ln.add_argument("--out", default=None, help="default: DATA.lengths-<tokenizer>.zlen")
     ln.add_argument("--quiet", action="store_true", help="no progress bar")
     ln.set_defaults(fn=lengths)
+    r = sub.add_parser(
+        "report",
+        help="draw a series that zp.metrics.record wrote as one PNG (throughput, waits, busy "
+        "time per stage, mixture shares)",
+    )
+    r.add_argument("series", help="the JSON-lines file zp.metrics.record(pipe, path) wrote")
+    r.add_argument("--out", default=None, help="the PNG (default: SERIES with .png)")
+    r.set_defaults(fn=report)
+    t = sub.add_parser(
+        "top", help="a live view of a running pipeline from its metrics endpoint (q to quit)"
+    )
+    t.add_argument(
+        "url", help="the endpoint: http://HOST:PORT/metrics, HOST:PORT or a port on 127.0.0.1"
+    )
+    t.add_argument("--interval", type=float, default=1.0, help="seconds between screens")
+    t.add_argument(
+        "--once", action="store_true", help="print one screen (rates over --interval) and exit"
+    )
+    t.set_defaults(fn=top)
     sub.add_parser(
         "bench", help="run the benchmark suite (from a source checkout; --help for its options)"
     )
