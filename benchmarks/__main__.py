@@ -18,6 +18,7 @@ Questions (one script each, also runnable alone as ``python -m benchmarks.<modul
     q13 data_at_scale     index scan vs cache, first batch at 10,000 files, fetch over S3 + latency
     q14 random_map        random_map's per-record generators against map with one generator
     q15 pretokenized      token file -> split -> pack -> batch in process, vs Grain first fit
+    q16 media             JPEG decode + random crop + batch 64, 2 workers: bound, Grain, torch
 
 Each writes ``<results>/<module>.json`` (rows plus the machine, package versions and date)
 and, where it has one, ``<results>/<module>.png``; this runner also writes
@@ -51,9 +52,10 @@ QUESTIONS: dict[str, tuple[str, str]] = {
     "q13": ("data_at_scale", "sharded files, index caches, object storage"),
     "q14": ("random_map", "random_map against map"),
     "q15": ("pretokenized", "pre-tokenized split -> pack -> batch vs Grain"),
+    "q16": ("media", "JPEG decode + crop + batch vs the bound, Grain, torch"),
 }
 # Scripts that compare with Grain and accept --no-grain.
-_GRAIN = {"q1", "q2", "q4", "q5", "q12", "q15"}
+_GRAIN = {"q1", "q2", "q4", "q5", "q12", "q15", "q16"}
 
 
 def _parse_only(text: str | None) -> list[str]:

@@ -38,6 +38,7 @@ from zephon.sources import (
     HFSource,
     JsonlSource,
     ParquetSource,
+    TarShardSource,
     TokenFileSource,
 )
 from zephon.tokenizers.adapters import HFTokenizer, SentencePieceTokenizer
@@ -85,6 +86,7 @@ __all__ = [
     "SentencePieceTokenizer",
     "ShmError",
     "StaticMixtureWorkSource",
+    "TarShardSource",
     "TokenFileSource",
     "Tombstone",
     "TransferError",

@@ -35,6 +35,7 @@ SCRIPTS = [
     "data_at_scale",
     "random_map",
     "pretokenized",
+    "media",
 ]
 
 

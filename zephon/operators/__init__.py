@@ -2,6 +2,9 @@
 
 from zephon.operators.base import LaneStateOperator, Operator, OpTraits, PipelineContext
 from zephon.operators.batch import Batch
+from zephon.operators.decode_audio import DecodeAudio
+from zephon.operators.decode_image import DecodeImage
+from zephon.operators.decode_video import DecodeVideo
 from zephon.operators.ensure_mixture import EnsureMixture
 from zephon.operators.fetch import Fetch
 from zephon.operators.filter import Filter
@@ -15,6 +18,9 @@ from zephon.operators.tokenize import Tokenize
 
 __all__ = [
     "Batch",
+    "DecodeAudio",
+    "DecodeImage",
+    "DecodeVideo",
     "EnsureMixture",
     "Fetch",
     "Filter",

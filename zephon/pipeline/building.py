@@ -22,6 +22,9 @@ import numpy as np
 
 from zephon.operators.base import Operator
 from zephon.operators.batch import Batch
+from zephon.operators.decode_audio import DecodeAudio
+from zephon.operators.decode_image import DecodeImage
+from zephon.operators.decode_video import DecodeVideo
 from zephon.operators.ensure_mixture import EnsureMixture
 from zephon.operators.fetch import Fetch
 from zephon.operators.filter import Filter
@@ -97,6 +100,85 @@ class ChainBuilder:
         Each ``random_map`` of a pipeline draws from its own stream (the first, the second,
         ... by position), so two of them never share numbers."""
         return self.apply(RandomMap(fn, None, _parallelism(parallelism)))
+
+    def decode_image(
+        self,
+        field: str,
+        to: str | None = None,
+        mode: str | None = "RGB",
+        draft: tuple[int, int] | None = None,
+        *,
+        on_error: str = "raise",
+        parallelism: int = 1,
+    ) -> Self:
+        """Decode an image member (JPEG, PNG, WebP, anything Pillow reads) of dict samples,
+        such as :class:`~zephon.TarShardSource`'s, into a uint8 ``(H, W, C)`` array.
+
+        Runs where the pipeline's operators run: in the worker processes with
+        ``workers > 0``. Needs Pillow (``pip install zephon[media]``), imported on the
+        first image, not by ``import zephon``.
+
+        Example::
+
+            pipe = (
+                zp.Pipeline(zp.StaticMixtureWorkSource([zp.TarShardSource("shards/*.tar")]))
+                .fetch()
+                .decode_image("jpg", to="image", draft=(256, 256))
+                .random_map(random_crop_and_flip)   # per-sample randomness: see random_map
+                .map(lambda s: {"image": s["image"]})
+                .batch(64)
+            )
+
+        Args:
+          field: the member (extension) holding the encoded image, e.g. ``"jpg"``.
+          to: the field that receives the array (default: ``field``, replacing the bytes).
+          mode: the Pillow mode to convert to (``"RGB"``: 3 channels, ``"L"``: 1,
+            ``"RGBA"``: 4); None keeps each image's own.
+          draft: ``(width, height)``: let JPEG decoding scale down by 1/2, 1/4 or 1/8 as
+            long as the image stays at least this large (Pillow's ``Image.draft``; much
+            faster for big photos that are cropped to a small size anyway). Other formats
+            ignore it.
+          on_error: ``"raise"``: a sample without ``field`` or whose bytes do not decode
+            raises, naming the key, member and shard; ``"skip"``: it is dropped (a
+            tombstone, as ``filter`` drops), and ``stats()`` shows it as this operator's
+            records in minus records out.
+          parallelism: threads decoding slices of a chunk at once (Pillow releases the GIL
+            while decoding).
+        """
+        return self.apply(DecodeImage(field, to, mode, draft, on_error, _parallelism(parallelism)))
+
+    def decode_video(
+        self,
+        field: str,
+        to: str | None = None,
+        num_frames: int = 8,
+        *,
+        on_error: str = "raise",
+        parallelism: int = 1,
+    ) -> Self:
+        """Decode a video member (MP4, WebM, ... through PyAV) into ``num_frames`` uint8 RGB
+        frames, a ``(T, H, W, 3)`` array. The frames are chosen evenly over the clip, first
+        and last included (repeated when the clip is shorter), so the same bytes always give
+        the same frames; draw random clips in a ``random_map`` after it. Needs PyAV
+        (``pip install zephon[media]``). ``to``, ``on_error`` and ``parallelism`` as for
+        :meth:`decode_image`."""
+        return self.apply(DecodeVideo(field, to, num_frames, on_error, _parallelism(parallelism)))
+
+    def decode_audio(
+        self,
+        field: str,
+        to: str | None = None,
+        sample_rate: int = 16000,
+        *,
+        on_error: str = "raise",
+        parallelism: int = 1,
+    ) -> Self:
+        """Decode an audio member (WAV, FLAC, MP3, Opus, ... through PyAV) into mono float32
+        samples at ``sample_rate`` Hz, a ``(num_samples,)`` array (its length follows the
+        clip's: trim or pad it in a ``map`` before ``batch``). Needs PyAV (``pip install
+        zephon[media]``). ``to``, ``on_error`` and ``parallelism`` as for
+        :meth:`decode_image`."""
+        return self.apply(DecodeAudio(field, to, sample_rate, on_error, _parallelism(parallelism)))
 
     def filter(self, pred: Callable[[Any], bool]) -> Self:
         """Keep records whose data satisfies ``pred``; the rest become tombstones."""

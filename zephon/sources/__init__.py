@@ -6,6 +6,7 @@ from zephon.sources.array_record import ArrayRecordSource
 from zephon.sources.hf import HFSource
 from zephon.sources.jsonl import JsonlSource
 from zephon.sources.parquet import ParquetSource
+from zephon.sources.tar_shard import TarShardSource
 from zephon.sources.token_file import TokenFileSource
 
 __all__ = [
@@ -14,5 +15,6 @@ __all__ = [
     "HFSource",
     "JsonlSource",
     "ParquetSource",
+    "TarShardSource",
     "TokenFileSource",
 ]

@@ -1,0 +1,297 @@
+"""Tar shards of real media through decoding, per-sample random crops, workers and resume.
+
+The shards are written here: JPEG, PNG and WebP images made with Pillow, a short video and
+an audio clip made with PyAV. Under ``CI=true`` a missing Pillow or PyAV fails these tests
+(the conftest turns skips into failures).
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import zephon as zp
+from zephon.testing import assert_resumes_exactly, take
+
+Image = pytest.importorskip("PIL.Image", reason="pip install zephon[media]")
+av = pytest.importorskip("av", reason="pip install zephon[media]")
+
+pytestmark = pytest.mark.processes
+
+N_SHARDS, PER_SHARD = 2, 20
+CROP = 24
+
+
+def picture(i: int, size: tuple[int, int] | None = None) -> np.ndarray:
+    """An RGB image of its own size and content: smooth, so JPEG keeps it close."""
+    w, h = size or (32 + i % 9, 28 + i % 7)
+    y, x = np.mgrid[0:h, 0:w]
+    return np.stack(
+        [(x * 5 + i * 7) % 256, (y * 5 + i * 3) % 256, np.full_like(x, i * 11 % 256)], -1
+    ).astype(np.uint8)
+
+
+def encode(array: np.ndarray, fmt: str, **options: Any) -> bytes:
+    out = io.BytesIO()
+    Image.fromarray(array).save(out, format=fmt, **options)
+    return out.getvalue()
+
+
+def write_shard(path: Path, samples: list[tuple[str, dict[str, bytes]]]) -> Path:
+    with tarfile.open(path, "w") as tar:
+        for key, members in samples:
+            for ext, data in members.items():
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+@pytest.fixture(scope="module")
+def jpeg_shards(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    folder = tmp_path_factory.mktemp("shards")
+    paths = []
+    for s in range(N_SHARDS):
+        samples = [
+            (f"{i:05d}", {"jpg": encode(picture(i), "JPEG", quality=90), "cls": b"%d" % (i % 3)})
+            for i in range(s * PER_SHARD, (s + 1) * PER_SHARD)
+        ]
+        paths.append(write_shard(folder / f"train-{s:04d}.tar", samples))
+    return paths
+
+
+def random_resized_crop(data: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
+    """A random crop of half to all of each side, resized to CROP x CROP (nearest), and a
+    random horizontal flip: its randomness comes from random_map's per-sample rng."""
+    image = data["image"]
+    h, w = image.shape[:2]
+    ch, cw = int(rng.integers(h // 2, h + 1)), int(rng.integers(w // 2, w + 1))
+    y, x = int(rng.integers(0, h - ch + 1)), int(rng.integers(0, w - cw + 1))
+    rows = y + np.arange(CROP) * ch // CROP
+    cols = x + np.arange(CROP) * cw // CROP
+    out = image[rows][:, cols]
+    if rng.random() < 0.5:
+        out = out[:, ::-1]
+    return {"image": np.ascontiguousarray(out), "index": np.int64(int(data["__key__"]))}
+
+
+def build(shards: list[Path], workers: int, num_epochs: int | None = 1) -> zp.Pipeline:
+    src = zp.StaticMixtureWorkSource(
+        [zp.TarShardSource([str(p) for p in shards], members=("jpg",))],
+        seed=5,
+        chunk_size=4,
+        num_epochs=num_epochs,
+    )
+    pipe = zp.Pipeline(
+        src,
+        canonical_replicas=4,
+        workers=workers,
+        worker_start_method="forkserver",
+        worker_timeout_s=60,
+        seed=11,
+    )
+    return (
+        pipe.fetch()
+        .decode_image("jpg", to="image")
+        .random_map(random_resized_crop)
+        .batch(4, drop_last=False)
+    )
+
+
+def test_images_decode_in_each_format() -> None:
+    original = picture(3)
+    record = {
+        "__key__": "k",
+        "png": encode(original, "PNG"),
+        "webp": encode(original, "WEBP", lossless=True),
+        "jpg": encode(original, "JPEG", quality=95),
+    }
+    pipe = zp.Pipeline(
+        zp.StaticMixtureWorkSource([[record]], seed=0, num_epochs=1), canonical_replicas=1
+    )
+    pipe = (
+        pipe.fetch()
+        .decode_image("png")
+        .decode_image("webp", to="webp_array")
+        .decode_image("jpg", mode="L")
+    )
+    (out,) = take(
+        pipe.map(lambda d: {"png": d["png"], "webp": d["webp_array"], "jpg": d["jpg"]}).batch(1)
+    )
+    np.testing.assert_array_equal(out["png"][0], original)
+    np.testing.assert_array_equal(out["webp"][0], original)
+    assert out["png"].dtype == np.uint8 and out["png"].shape == (1, *original.shape)
+    assert out["jpg"].shape == (1, *original.shape[:2], 1)  # mode "L": one channel, HWC
+    gray = np.asarray(Image.fromarray(original).convert("L"), dtype=np.float64)
+    assert np.abs(out["jpg"][0, :, :, 0] - gray).mean() < 4  # JPEG: close, not equal
+
+
+def test_draft_downscales_jpeg() -> None:
+    from zephon.operators import DecodeImage
+
+    big = encode(picture(1, size=(256, 192)), "JPEG")
+    assert DecodeImage("jpg").decode(big).shape == (192, 256, 3)
+    assert DecodeImage("jpg", draft=(64, 48)).decode(big).shape == (48, 64, 3)
+    assert DecodeImage("jpg", draft=(100, 90)).decode(big).shape == (96, 128, 3)  # >= asked
+    assert DecodeImage("jpg", draft=(100, 100)).decode(big).shape == (192, 256, 3)
+    png = encode(picture(1, size=(256, 192)), "PNG")
+    assert DecodeImage("png", draft=(64, 48)).decode(png).shape == (192, 256, 3)  # JPEG only
+
+
+def test_every_sample_once_per_epoch_with_two_workers(jpeg_shards: list[Path]) -> None:
+    with build(jpeg_shards, workers=2) as pipe:
+        batches = take(pipe)
+    seen = np.concatenate([b["index"] for b in batches])
+    assert sorted(seen.tolist()) == list(range(N_SHARDS * PER_SHARD))
+    assert all(
+        b["image"].shape[1:] == (CROP, CROP, 3) and b["image"].dtype == np.uint8 for b in batches
+    )
+
+
+def test_resumes_exactly_through_decode_and_random_crop(jpeg_shards: list[Path]) -> None:
+    """The same batches with 0 and 2 workers, and a checkpoint of a 2-worker run restores
+    into 1 worker exactly: decoding is deterministic and each crop depends only on the
+    sample's identity."""
+    with build(jpeg_shards, workers=0, num_epochs=None) as pipe:
+        reference = take(pipe, 14)
+    assert_resumes_exactly(
+        lambda: build(jpeg_shards, workers=2, num_epochs=None),
+        restore_build=lambda: build(jpeg_shards, workers=1, num_epochs=None),
+        reference=reference,
+        cuts=[0, 1, 4, 7, 10, 13],
+    )
+
+
+def corrupt_shard(folder: Path) -> Path:
+    good = encode(picture(0), "JPEG")
+    return write_shard(
+        folder / "bad.tar",
+        [
+            ("a", {"jpg": good}),
+            ("b", {"jpg": good[: len(good) // 2]}),  # truncated JPEG
+            ("c", {"jpg": b"not an image at all"}),
+            ("d", {"png": encode(picture(1), "PNG")}),  # no jpg member
+            ("e", {"jpg": good}),
+        ],
+    )
+
+
+def bad_pipeline(path: Path, on_error: str) -> zp.Pipeline:
+    src = zp.StaticMixtureWorkSource([zp.TarShardSource(path)], seed=0, shuffle=False, num_epochs=1)
+    pipe = zp.Pipeline(src, canonical_replicas=1).fetch().decode_image("jpg", on_error=on_error)
+    return pipe.map(lambda d: {"key": d["__key__"], "shape": np.array(d["jpg"].shape)}).batch(1)
+
+
+def test_corrupt_jpeg_errors_name_shard_key_and_member(tmp_path: Path) -> None:
+    path = corrupt_shard(tmp_path)
+    pipe = bad_pipeline(path, "raise")
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            f"decode_image: cannot decode field 'jpg' of sample 'b' (member 'b.jpg' of {path})"
+        )
+        + r" as an image \(OSError: .*\); fix or drop the member, or pass on_error='skip'",
+    ):
+        take(pipe)
+
+
+def test_corrupt_members_are_skipped(tmp_path: Path) -> None:
+    path = corrupt_shard(tmp_path)
+    with bad_pipeline(path, "skip") as pipe:
+        batches = take(pipe)
+        ops = {op["name"]: op for op in pipe.stats()["operators"]}
+    assert [str(b["key"][0]) for b in batches] == ["a", "e"]
+    # What decode_image dropped: its records in minus records out.
+    assert (ops["decode_image"]["records_in"], ops["decode_image"]["records_out"]) == (5, 2)
+
+
+def test_missing_member_error_names_the_sample(tmp_path: Path) -> None:
+    path = write_shard(tmp_path / "a.tar", [("x", {"png": encode(picture(1), "PNG")})])
+    src = zp.StaticMixtureWorkSource([zp.TarShardSource(path)], seed=0, num_epochs=1)
+    pipe = zp.Pipeline(src, canonical_replicas=1).fetch().decode_image("jpg").batch(1)
+    with pytest.raises(
+        KeyError, match=re.escape(f"decode_image: sample 'x' (member 'x.jpg' of {path})")
+    ):
+        take(pipe)
+
+
+def short_video(frames: int = 12) -> bytes:
+    out = io.BytesIO()
+    with av.open(out, mode="w", format="mp4") as container:
+        stream = container.add_stream("mpeg4", rate=10)
+        stream.width, stream.height, stream.pix_fmt = 32, 24, "yuv420p"
+        for i in range(frames):
+            frame = av.VideoFrame.from_ndarray(
+                np.full((24, 32, 3), i * 20, np.uint8), format="rgb24"
+            )
+            for packet in stream.encode(frame):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return out.getvalue()
+
+
+def short_audio(seconds: float = 0.5, rate: int = 8000) -> bytes:
+    out = io.BytesIO()
+    n = int(seconds * rate)
+    with av.open(out, mode="w", format="wav") as container:
+        stream = container.add_stream("pcm_s16le", rate=rate, layout="mono")
+        wave = (np.sin(np.arange(n) * 2 * np.pi * 440 / rate) * 8000).astype(np.int16)[None]
+        frame = av.AudioFrame.from_ndarray(wave, format="s16", layout="mono")
+        frame.sample_rate = rate
+        for packet in stream.encode(frame):
+            container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return out.getvalue()
+
+
+def test_video_and_audio(tmp_path: Path) -> None:
+    path = write_shard(
+        tmp_path / "av.tar",
+        [(f"clip{i}", {"mp4": short_video(12 + i), "wav": short_audio()}) for i in range(2)],
+    )
+    src = zp.StaticMixtureWorkSource([zp.TarShardSource(path)], seed=0, shuffle=False, num_epochs=1)
+    pipe = zp.Pipeline(src, canonical_replicas=1).fetch()
+    pipe = pipe.decode_video("mp4", to="video", num_frames=8).decode_audio(
+        "wav", to="audio", sample_rate=16000
+    )
+    pipe = pipe.map(lambda d: {"video": d["video"], "audio": d["audio"]}).batch(2)
+    (batch,) = take(pipe)
+    assert batch["video"].shape == (2, 8, 24, 32, 3) and batch["video"].dtype == np.uint8
+    # 12 frames of values 0, 20, ..., 220: frames 0, 2, 3, 5, 6, 8, 9, 11 chosen evenly.
+    np.testing.assert_allclose(
+        batch["video"][0, :, 12, 16, 0], [0, 40, 60, 100, 120, 160, 180, 220], atol=6
+    )
+    assert batch["audio"].shape == (2, 8000) and batch["audio"].dtype == np.float32
+    assert 0.2 < np.abs(batch["audio"]).max() < 0.3  # 8000 / 32768, resampled
+
+
+def test_import_zephon_imports_no_media_library() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, zephon; assert not {'PIL', 'av'} & set(sys.modules), sorted(sys.modules)"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_missing_media_library_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from zephon.operators import DecodeImage, DecodeVideo
+
+    monkeypatch.setitem(sys.modules, "PIL.Image", None)
+    monkeypatch.setitem(sys.modules, "av", None)
+    with pytest.raises(
+        ImportError,
+        match=re.escape("decode_image needs Pillow; install it with `pip install zephon[media]`"),
+    ):
+        DecodeImage("jpg").decode(b"")
+    with pytest.raises(ImportError, match=re.escape("decode_video needs av (PyAV); install it")):
+        DecodeVideo("mp4").decode(b"")

@@ -1,0 +1,89 @@
+"""Tar shards on object storage (moto's S3 server): read like the local shards, indexed
+once into the cache directory (never into the bucket), decoded in worker processes."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import zephon as zp
+from tests.integration.test_media import encode, picture, write_shard
+from zephon.testing import assert_same_batches, take
+
+pytestmark = pytest.mark.processes
+
+BUCKET = "zephon-media"
+
+
+def _need(module: str) -> None:
+    try:
+        pytest.importorskip(module)
+    except pytest.skip.Exception:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true: the object-storage tests need {module}; install .[test]")
+        raise
+
+
+@pytest.fixture(scope="module")
+def s3():
+    _need("s3fs")
+    _need("moto.server")
+    from benchmarks.s3_local import S3Server
+
+    try:
+        server = S3Server()
+    except Exception as e:  # noqa: BLE001 - whatever kept it from starting
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true and the moto S3 server could not start: {e}")
+        pytest.skip(f"the moto S3 server could not start: {e}")
+    try:
+        server.client().create_bucket(Bucket=BUCKET)
+        yield server
+    finally:
+        server.close()
+
+
+def test_shards_in_a_bucket_read_and_decode_like_local_ones(
+    s3, tmp_path: Path, monkeypatch
+) -> None:
+    monkeypatch.setenv("ZEPHON_CACHE_DIR", str(tmp_path / "cache"))
+    local = tmp_path / "local"
+    local.mkdir()
+    client = s3.client()
+    for s in range(2):
+        samples = [
+            (f"{s}-{i:03d}", {"png": encode(picture(i), "PNG"), "txt": b"%d" % i}) for i in range(6)
+        ]
+        path = write_shard(local / f"shard-{s}.tar", samples)
+        client.put_object(Bucket=BUCKET, Key=f"shards/{path.name}", Body=path.read_bytes())
+    opts = s3.storage_options
+    remote = zp.TarShardSource(f"s3://{BUCKET}/shards/shard-*.tar", storage_options=opts)
+    here = zp.TarShardSource(str(local / "shard-*.tar"))
+    assert len(remote) == len(here) == 12 and remote._index.built == 2
+    for got, want in zip(remote.read([11, 0, 5, 5]), here.read([11, 0, 5, 5]), strict=True):
+        assert {k: v for k, v in got.items() if k != "__url__"} == {
+            k: v for k, v in want.items() if k != "__url__"
+        }
+    assert remote.content_identity() == here.content_identity()
+    again = zp.TarShardSource(f"s3://{BUCKET}/shards/shard-*.tar", storage_options=opts)
+    assert again._index.built == 0  # the cache directory's index, no second scan
+    keys = [o["Key"] for o in client.list_objects_v2(Bucket=BUCKET)["Contents"]]
+    assert not [k for k in keys if k.endswith(".zephon-idx")]
+
+    def build(ds: zp.TarShardSource, workers: int) -> zp.Pipeline:
+        src = zp.StaticMixtureWorkSource([ds], seed=1, chunk_size=3, num_epochs=1)
+        pipe = zp.Pipeline(
+            src, canonical_replicas=2, workers=workers, worker_start_method="forkserver"
+        )
+        pipe = pipe.fetch().decode_image("png", to="image")
+        return pipe.map(lambda d: {"image": d["image"][:28, :32], "key": d["__key__"]}).batch(3)
+
+    with build(here, 0) as pipe:
+        expected = take(pipe)
+    with build(again, 2) as pipe:
+        got = take(pipe)
+    assert_same_batches(expected, got)
+    assert expected and all(b["image"].dtype == np.uint8 for b in expected)

@@ -1,0 +1,57 @@
+"""``decode_audio``: an audio member to mono float32 samples at ``sample_rate`` (PyAV)."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import numpy as np
+
+from zephon.operators._decode import Decode, media_module
+
+
+class DecodeAudio(Decode):
+    name = "decode_audio"
+    what = "audio"
+
+    def __init__(
+        self,
+        field: str,
+        to: str | None = None,
+        sample_rate: int = 16000,
+        on_error: str = "raise",
+        parallelism: int = 1,
+    ) -> None:
+        super().__init__(field, to, on_error, parallelism)
+        if not isinstance(sample_rate, int) or isinstance(sample_rate, bool) or sample_rate < 1:
+            raise ValueError(
+                f"decode_audio(sample_rate=...) must be a positive int (Hz); got {sample_rate!r}"
+            )
+        self.sample_rate = sample_rate
+        self._av: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_av"] = None
+        return state
+
+    def decode(self, raw: bytes) -> np.ndarray:
+        av = self._av
+        if av is None:
+            av = self._av = media_module(self.name, "av", "av (PyAV)")
+        resampler = av.AudioResampler(format="flt", layout="mono", rate=self.sample_rate)
+        parts: list[np.ndarray] = []
+        with av.open(io.BytesIO(raw), mode="r") as container:
+            if not container.streams.audio:
+                raise ValueError("no audio stream")
+            for frame in container.decode(container.streams.audio[0]):
+                for out in resampler.resample(frame):
+                    parts.append(out.to_ndarray().reshape(-1))
+            for out in resampler.resample(None):
+                parts.append(out.to_ndarray().reshape(-1))
+        if not parts:
+            return np.zeros(0, np.float32)
+        return np.concatenate(parts).astype(np.float32, copy=False)
+
+    def _params(self) -> str:
+        return f"{super()._params()}, sample_rate={self.sample_rate}"

@@ -1,0 +1,69 @@
+"""``decode_image``: JPEG, PNG or WebP bytes to a uint8 ``(H, W, C)`` array (Pillow)."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import numpy as np
+
+from zephon.operators._decode import Decode, media_module
+
+_CHANNELS = {"L": 1, "LA": 2, "RGB": 3, "RGBA": 4, "CMYK": 4, "YCbCr": 3, "P": 1}
+
+
+class DecodeImage(Decode):
+    name = "decode_image"
+    what = "an image"
+
+    def __init__(
+        self,
+        field: str,
+        to: str | None = None,
+        mode: str | None = "RGB",
+        draft: tuple[int, int] | None = None,
+        on_error: str = "raise",
+        parallelism: int = 1,
+    ) -> None:
+        super().__init__(field, to, on_error, parallelism)
+        if mode is not None and mode not in _CHANNELS:
+            raise ValueError(
+                f"decode_image(mode=...) must be one of {sorted(_CHANNELS)} or None; got {mode!r}"
+            )
+        if draft is not None:
+            if (
+                not isinstance(draft, tuple | list)
+                or len(draft) != 2
+                or not all(isinstance(v, int) and v > 0 for v in draft)
+            ):
+                raise ValueError(
+                    f"decode_image(draft=...) must be (width, height) in pixels; got {draft!r}"
+                )
+            draft = (int(draft[0]), int(draft[1]))
+        self.mode = mode
+        self.draft = draft
+        self._image: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_image"] = None  # the module is imported where the operator runs
+        return state
+
+    def decode(self, raw: bytes) -> np.ndarray:
+        image_module = self._image
+        if image_module is None:
+            image_module = self._image = media_module(self.name, "PIL.Image", "Pillow")
+        with image_module.open(io.BytesIO(raw)) as img:
+            if self.draft is not None and img.format == "JPEG":
+                # DCT scaling: decodes at 1/2, 1/4 or 1/8 size, never below ``draft``.
+                img.draft(self.mode or img.mode, self.draft)
+            img.load()
+            if self.mode is not None and img.mode != self.mode:
+                img = img.convert(self.mode)
+            array = np.asarray(img)
+        if array.ndim == 2:
+            array = array[:, :, None]
+        return np.ascontiguousarray(array)
+
+    def _params(self) -> str:
+        return f"{super()._params()}, mode={self.mode!r}, draft={self.draft!r}"
