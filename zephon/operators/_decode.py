@@ -44,10 +44,26 @@ class DecodeError(ValueError):
 
 class Decode(Operator):
     """Base of ``decode_image``, ``decode_video`` and ``decode_audio``: subclasses set
-    ``name``, ``what`` and implement :meth:`decode` (bytes in, array out)."""
+    ``name``, ``what``, the decoding library (``module``, from the pip ``package``) and
+    implement :meth:`decode` (bytes in, array out), which reaches the library through
+    :attr:`lib`: imported where the operator runs, on its first record, never pickled."""
 
     traits = OpTraits(preserves_cursor_order=True, stateful=False)
     what = "media"
+    module = ""
+    package = ""
+    _lib: Any = None
+
+    @property
+    def lib(self) -> Any:
+        if self._lib is None:
+            self._lib = media_module(self.name, self.module, self.package)
+        return self._lib
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.pop("_lib", None)  # the module is imported where the operator runs
+        return state
 
     def __init__(self, field: str, to: str | None, on_error: str, parallelism: int = 1) -> None:
         if not isinstance(field, str) or not field:

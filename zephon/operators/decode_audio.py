@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import io
-from typing import Any
 
 import numpy as np
 
-from zephon.operators._decode import Decode, media_module
+from zephon.operators._decode import Decode
 
 
 class DecodeAudio(Decode):
     name = "decode_audio"
     what = "audio"
+    module = "av"
+    package = "av (PyAV)"
 
     def __init__(
         self,
@@ -28,17 +29,9 @@ class DecodeAudio(Decode):
                 f"decode_audio(sample_rate=...) must be a positive int (Hz); got {sample_rate!r}"
             )
         self.sample_rate = sample_rate
-        self._av: Any = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["_av"] = None
-        return state
 
     def decode(self, raw: bytes) -> np.ndarray:
-        av = self._av
-        if av is None:
-            av = self._av = media_module(self.name, "av", "av (PyAV)")
+        av = self.lib
         resampler = av.AudioResampler(format="flt", layout="mono", rate=self.sample_rate)
         parts: list[np.ndarray] = []
         with av.open(io.BytesIO(raw), mode="r") as container:

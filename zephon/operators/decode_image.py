@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import io
-from typing import Any
 
 import numpy as np
 
-from zephon.operators._decode import Decode, media_module
+from zephon.operators._decode import Decode
 
 _CHANNELS = {"L": 1, "LA": 2, "RGB": 3, "RGBA": 4, "CMYK": 4, "YCbCr": 3, "P": 1}
 
@@ -15,6 +14,8 @@ _CHANNELS = {"L": 1, "LA": 2, "RGB": 3, "RGBA": 4, "CMYK": 4, "YCbCr": 3, "P": 1
 class DecodeImage(Decode):
     name = "decode_image"
     what = "an image"
+    module = "PIL.Image"
+    package = "Pillow"
 
     def __init__(
         self,
@@ -42,17 +43,9 @@ class DecodeImage(Decode):
             draft = (int(draft[0]), int(draft[1]))
         self.mode = mode
         self.draft = draft
-        self._image: Any = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["_image"] = None  # the module is imported where the operator runs
-        return state
 
     def decode(self, raw: bytes) -> np.ndarray:
-        image_module = self._image
-        if image_module is None:
-            image_module = self._image = media_module(self.name, "PIL.Image", "Pillow")
+        image_module = self.lib
         with image_module.open(io.BytesIO(raw)) as img:
             if self.draft is not None and img.format == "JPEG":
                 # DCT scaling: decodes at 1/2, 1/4 or 1/8 size, never below ``draft``.

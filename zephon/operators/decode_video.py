@@ -4,11 +4,10 @@
 from __future__ import annotations
 
 import io
-from typing import Any
 
 import numpy as np
 
-from zephon.operators._decode import Decode, media_module
+from zephon.operators._decode import Decode
 
 
 def frame_choice(total: int, num_frames: int) -> list[int]:
@@ -24,6 +23,8 @@ def frame_choice(total: int, num_frames: int) -> list[int]:
 class DecodeVideo(Decode):
     name = "decode_video"
     what = "a video"
+    module = "av"
+    package = "av (PyAV)"
 
     def __init__(
         self,
@@ -39,17 +40,9 @@ class DecodeVideo(Decode):
                 f"decode_video(num_frames=...) must be a positive int; got {num_frames!r}"
             )
         self.num_frames = num_frames
-        self._av: Any = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["_av"] = None
-        return state
 
     def decode(self, raw: bytes) -> np.ndarray:
-        av = self._av
-        if av is None:
-            av = self._av = media_module(self.name, "av", "av (PyAV)")
+        av = self.lib
         with av.open(io.BytesIO(raw), mode="r") as container:
             if not container.streams.video:
                 raise ValueError("no video stream")
