@@ -8,6 +8,15 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+#: An in-flight chunk's state (:meth:`WorkChunk.to_state`): its lane and id,
+#: its components and indices as little-endian int32 and int64 bytes, and its seed.
+CHUNK_LANE = "lane"
+CHUNK_ID = "chunk_id"
+CHUNK_COMPONENTS = "components"
+CHUNK_INDICES = "indices"
+CHUNK_SEED = "seed"
+CHUNK_KEYS = (CHUNK_LANE, CHUNK_ID, CHUNK_COMPONENTS, CHUNK_INDICES, CHUNK_SEED)
+
 
 class SamplePointer(NamedTuple):
     """One raw sample of the mixture: dataset ``component``, row ``index``."""
@@ -82,11 +91,11 @@ class WorkChunk:
     def to_state(self) -> dict[str, Any]:
         """Msgpack-able form, stored in full in checkpoints."""
         return {
-            "lane": self.lane,
-            "chunk_id": self.chunk_id,
-            "components": _as_bytes(self.components, _I4),
-            "indices": _as_bytes(self.indices, _I8),
-            "seed": self.seed,
+            CHUNK_LANE: self.lane,
+            CHUNK_ID: self.chunk_id,
+            CHUNK_COMPONENTS: _as_bytes(self.components, _I4),
+            CHUNK_INDICES: _as_bytes(self.indices, _I8),
+            CHUNK_SEED: self.seed,
         }
 
     @classmethod
@@ -94,11 +103,11 @@ class WorkChunk:
         """The chunk :meth:`to_state` gave; its arrays are read-only views of the state's
         bytes where the machine is little-endian (a restore decodes every in-flight chunk)."""
         return cls.of_bytes(
-            int(state["lane"]),
-            int(state["chunk_id"]),
-            state["components"],
-            state["indices"],
-            int(state["seed"]),
+            int(state[CHUNK_LANE]),
+            int(state[CHUNK_ID]),
+            state[CHUNK_COMPONENTS],
+            state[CHUNK_INDICES],
+            int(state[CHUNK_SEED]),
         )
 
     def __eq__(self, other: object) -> bool:

@@ -31,6 +31,7 @@ from typing import Any, Protocol
 from zephon.checkpoint.io import dumps, loads
 from zephon.checkpoint.state import merge_states
 from zephon.errors import CheckpointError
+from zephon.tracking.schema import LANE
 
 __all__ = [
     "INDEX_FORMAT",
@@ -106,7 +107,7 @@ def files_to_write(
 def merged_files(state: dict[str, Any]) -> dict[str, bytes]:
     """``loader.zph``: the state itself, or (over ``SHARD_LANES`` lanes) the lane shards
     followed by the index naming them."""
-    lanes = sorted(state.get("lanes") or [], key=lambda ls: int(ls["lane"]))
+    lanes = sorted(state.get("lanes") or [], key=lambda ls: int(ls[LANE]))
     if len(lanes) <= SHARD_LANES:
         return {MERGED_FILE: dumps(state)}
     header = {k: v for k, v in state.items() if k != "lanes"}
@@ -114,7 +115,7 @@ def merged_files(state: dict[str, Any]) -> dict[str, bytes]:
     shards = []
     for start in range(0, len(lanes), SHARD_LANES):
         block = lanes[start : start + SHARD_LANES]
-        first, last = int(block[0]["lane"]), int(block[-1]["lane"])
+        first, last = int(block[0][LANE]), int(block[-1][LANE])
         name = shard_file(first, last)
         blob = dumps({"format": SHARD_FORMAT, "lanes": block})
         out[name] = blob
@@ -245,7 +246,7 @@ def read_state(files: Files, lanes: Iterable[int] | None = None) -> dict[str, An
         # Enough if the ranks present hold our lanes: shares written by every host
         # (primary_host=None), or each rank's own state read back by that rank.
         present = [_load(files, process_file(r, n)) for r in sorted(ranks)]
-        held = {int(ls["lane"]): ls for st in present for ls in st["lanes"]}
+        held = {int(ls[LANE]): ls for st in present for ls in st["lanes"]}
         if all(lane in held for lane in wanted):
             if all(isinstance(st.get("share"), dict) for st in present):
                 return {**present[0], "lanes": [held[lane] for lane in wanted]}
@@ -285,7 +286,7 @@ def _read_shards(files: Files, index: dict[str, Any], wanted: list[int] | None) 
             block = loads(blob)["lanes"]
         except (CheckpointError, KeyError) as e:
             raise CheckpointError(f"{where}: {e}") from e
-        out.extend(ls for ls in block if keep is None or int(ls["lane"]) in keep)
+        out.extend(ls for ls in block if keep is None or int(ls[LANE]) in keep)
     return {**index["header"], "lanes": out}
 
 

@@ -20,6 +20,16 @@ same bytes) and reads ``state[KEY]`` strictly when it loads one (the checks:
 
 from __future__ import annotations
 
+# An in-flight chunk's keys are the chunk's own (WorkChunk.to_state), re-exported here.
+from zephon.chunks import (
+    CHUNK_COMPONENTS,
+    CHUNK_ID,
+    CHUNK_INDICES,
+    CHUNK_KEYS,
+    CHUNK_LANE,
+    CHUNK_SEED,
+)
+
 LANE = "lane"
 INFLIGHT = "inflight"
 BOUNDARIES = "boundaries"
@@ -35,11 +45,21 @@ HELD = "held"
 #: first), in the order they are written.
 LANE_KEYS = (INFLIGHT, BOUNDARIES, SOURCE, CURSOR, BATCHES, DONE, NEXT_CHUNK_ID)
 
-#: An in-flight chunk's state (:meth:`zephon.chunks.WorkChunk.to_state`): its lane and id,
-#: its components and indices as little-endian int32 and int64 bytes, and its seed.
-CHUNK_LANE = "lane"
-CHUNK_ID = "chunk_id"
-CHUNK_COMPONENTS = "components"
-CHUNK_INDICES = "indices"
-CHUNK_SEED = "seed"
-CHUNK_KEYS = (CHUNK_LANE, CHUNK_ID, CHUNK_COMPONENTS, CHUNK_INDICES, CHUNK_SEED)
+__all__ = [
+    "BATCHES",
+    "BOUNDARIES",
+    "CHUNK_COMPONENTS",
+    "CHUNK_ID",
+    "CHUNK_INDICES",
+    "CHUNK_KEYS",
+    "CHUNK_LANE",
+    "CHUNK_SEED",
+    "CURSOR",
+    "DONE",
+    "HELD",
+    "INFLIGHT",
+    "LANE",
+    "LANE_KEYS",
+    "NEXT_CHUNK_ID",
+    "SOURCE",
+]

@@ -40,6 +40,7 @@ import numpy as np
 
 from zephon._fingerprint import comparable_parts
 from zephon.errors import CheckpointError
+from zephon.tracking.schema import INFLIGHT
 
 __all__ = ["MIXTURE_SOURCE_KEYS", "MixtureChange", "is_mixture_part", "plan_change"]
 
@@ -187,7 +188,7 @@ def plan_change(
 def inflight_components(lane_state: Mapping[str, Any]) -> np.ndarray:
     """Component ids of every in-flight pointer of a lane state (checked by the tracker
     later; here only read)."""
-    chunks = lane_state.get("inflight")
+    chunks = lane_state.get(INFLIGHT)
     if not isinstance(chunks, list):
         return np.zeros(0, dtype=np.int32)
     parts = []
@@ -238,7 +239,7 @@ def check_inflight(
 def remap_inflight(lane_state: Mapping[str, Any], old_to_new: np.ndarray) -> dict[str, Any]:
     """The lane state with its in-flight chunks' component ids in the new order."""
     out = dict(lane_state)
-    chunks = lane_state.get("inflight")
+    chunks = lane_state.get(INFLIGHT)
     if not isinstance(chunks, list):
         return out
     remapped = []
@@ -251,5 +252,5 @@ def remap_inflight(lane_state: Mapping[str, Any], old_to_new: np.ndarray) -> dic
                 continue
             ch = {**ch, "components": old_to_new[ids].astype("<i4").tobytes()}
         remapped.append(ch)
-    out["inflight"] = remapped
+    out[INFLIGHT] = remapped
     return out

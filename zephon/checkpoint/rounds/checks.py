@@ -16,6 +16,7 @@ from zephon.checkpoint.rounds.keys import LEADER_RANK, STATE, decode
 from zephon.checkpoint.rounds.wait import ControlView
 from zephon.checkpoint.state import STEP
 from zephon.errors import AggregationError
+from zephon.tracking.schema import LANE
 
 __all__ = [
     "Decided",
@@ -117,7 +118,7 @@ def check_state(ctx: RoundContext, rid: str, r: int, st: Any, ref: dict[str, Any
     if not isinstance(lanes, list) or not all(isinstance(x, dict) for x in lanes):
         problems.append("its 'lanes' is not a list of {'lane': int, ...} dicts")
     else:
-        raw = [x.get("lane") for x in lanes]
+        raw = [x.get(LANE) for x in lanes]
         ids = [x for x in raw if isinstance(x, int) and not isinstance(x, bool)]
         if len(ids) != len(raw):
             problems.append(f"its lane ids {raw!r} are not all ints")
@@ -177,9 +178,9 @@ def merged_header(
     reported: dict[Any, list[Any]] = {}
     for st in states:
         for ls in st["lanes"]:
-            reported.setdefault(ls.get("lane"), []).append(ls)
+            reported.setdefault(ls.get(LANE), []).append(ls)
     for ls in lanes:
-        lane = ls.get("lane") if isinstance(ls, dict) else None
+        lane = ls.get(LANE) if isinstance(ls, dict) else None
         got = reported.get(lane, [])
         if not any(x is ls for x in got) and not any(x == ls for x in got):
             raise AggregationError(

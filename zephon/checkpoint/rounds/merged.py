@@ -15,6 +15,7 @@ from zephon.checkpoint.rounds.wait import Deadline
 from zephon.checkpoint.share import SHARE_KEY, Share
 from zephon.checkpoint.state import ROUND
 from zephon.errors import AggregationError, CheckpointError
+from zephon.tracking.schema import LANE
 
 __all__ = ["read_merged", "share_of", "with_round"]
 
@@ -28,7 +29,7 @@ def share_of(
     if not isinstance(header, dict):
         raise AggregationError(f"{ctx.p} the commit of round {rid} has no header")
     out = dict(header)
-    out["lanes"] = sorted(state["lanes"], key=lambda ls: ls["lane"])
+    out["lanes"] = sorted(state["lanes"], key=lambda ls: ls[LANE])
     lanes_total = int(rec.get("lanes_total", 0))
     out[SHARE_KEY] = {
         "rank": ctx.rank,
@@ -114,8 +115,8 @@ def read_merged(ctx: RoundContext, rid: str, digests: Any, own: list[Any]) -> di
             )
         states.append(st["state"])
     merged = ctx.merge(states)
-    by_lane = {ls.get("lane"): ls for ls in merged.get("lanes", []) if isinstance(ls, dict)}
-    if any(by_lane.get(ls["lane"]) != ls for ls in own):
+    by_lane = {ls.get(LANE): ls for ls in merged.get("lanes", []) if isinstance(ls, dict)}
+    if any(by_lane.get(ls[LANE]) != ls for ls in own):
         raise CheckpointError(
             f"{what} for every lane) merged from {ctx.where} differs from this rank's own lanes"
         )
