@@ -539,6 +539,20 @@ class Pipeline(ChainBuilder):
         st["skipped_records"] = skipped_records(self.source)
         return st
 
+    def resize_workers(self, num_workers: int) -> None:
+        """Ray workers only (``workers=zp.RayWorkers(n)``): run on ``num_workers`` actors
+        from the next batch on. Added actors take lanes from the most loaded ones, removed
+        ones give theirs away, each lane moving as when an actor dies (it replays its
+        in-flight chunks on the new actor): no batch changes. Before the first batch, the
+        pipeline starts with that many actors."""
+        resize = getattr(self._get_engine().executor, "resize_workers", None)
+        if resize is None:
+            raise ValueError(
+                "resize_workers() needs workers=zp.RayWorkers(n); this pipeline has "
+                f"workers={self.workers}"
+            )
+        resize(num_workers)
+
     def close(self) -> None:
         """Stop the pump and release threads, workers and shared memory. Idempotent.
 

@@ -4,8 +4,8 @@ One :class:`~zephon.runners.base.Executor` more, not a second pipeline: this pro
 the engine, the work sources, in-flight chunks, completion tracking and replay cursors; each
 actor (:class:`~zephon.runners.ray_actor.LaneActor`) runs the same plan and chain code as a
 local worker process over the lanes it owns. Actors cannot ask this process for feed units,
-so it pushes them: each lane keeps :data:`LOOKAHEAD_FEEDS` calls in flight, one feed unit
-each; a call returns every output the lane could make (in the wire format of the worker
+so it pushes them: each lane keeps :data:`LOOKAHEAD_CALLS` calls in flight, a few feed
+units each; a call returns every output the lane could make (in the wire format of the worker
 rings), through Ray's object store. A lane's outputs depend only on its feed units, so the
 batches are those of ``workers=0``, bit for bit.
 
@@ -15,7 +15,13 @@ a fresh chain replays the lane's pulled in-flight chunks (:attr:`LaneRun.infligh
 last record this process received from the lane as its replay target. What the replay drops
 was received already: the tombstones it makes for it are left out of the lane's next
 output (each piece of a sample appears once in a lane's stream), so tracking counts every
-piece once. No batch changes, none is lost or repeated.
+piece once. No batch changes, none is lost or repeated. The same path starts a straggling
+lane on a second actor (``RayWorkers(speculate=True)``: the first of the two runs to make
+the lane's next output keeps it, the other is dropped) and moves lanes when
+``resize_workers`` adds or removes actors. Moved and speculative lanes run in the actor's
+second concurrency group (:data:`MOVED`), so their replay does not queue behind the calls
+already sent for the actor's own lanes; each run of a lane on an actor has an id, and a
+call of a run that was dropped or replaced does nothing.
 
 Errors: an exception raised on an actor arrives in ``next()`` as its own type and
 :class:`~zephon.errors.WorkerError`, naming the actor and the lane; an actor that cannot
@@ -26,6 +32,7 @@ Ray is imported here only, when the pipeline first runs.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import re
@@ -52,9 +59,21 @@ from zephon.runners.ray_options import (
     start_local_ray,
 )
 
-#: Calls (one feed unit each) kept in flight per lane, to hide the round trips.
-LOOKAHEAD_FEEDS = 4
+#: Calls kept in flight per lane, to hide the round trips.
+LOOKAHEAD_CALLS = 2
+#: Feed units a call brings at most: fewer calls, each worth more. A Ray call costs the
+#: parent, the raylet and the actor about a millisecond of CPU together, whatever it
+#: carries; on the LM workload (benchmarks.remote) 4 calls of 1 unit a lane ran at
+#: 0.4-0.5x of local workers, 2 of 8 at 0.6-0.75x. The replay of a moved lane sends one
+#: unit a call instead (its first output then comes back as soon as it is made).
+FEEDS_PER_CALL = 8
 _POLL_S = 0.05
+#: The actors' second concurrency group (one thread): where moved and speculative lanes
+#: run, so that their replay does not wait behind the calls already queued for the
+#: actor's own lanes. A lane's calls all go to one group, which runs them in order.
+MOVED = "moved"
+#: Waits for a lane's outputs kept to judge stragglers by.
+_WAITS_KEPT = 8
 #: Received outputs between two prunings of a lane's received-pieces window.
 _PRUNE_EVERY = 32
 
@@ -99,8 +118,21 @@ class _Actor:
 
 
 @dataclass
+class _Copy:
+    """A lane's speculative run on a second actor (see :meth:`RayExecutor._speculate`)."""
+
+    actor: _Actor
+    run_id: int
+    seen: set[tuple[int, int, int]]
+    calls: deque[Any] = field(default_factory=deque)
+    group: str | None = MOVED
+
+
+@dataclass
 class _Lane:
     actor: _Actor
+    run_id: int = 0  # the lane's run on its actor (see LaneActor.take)
+    group: str | None = None  # the actor's concurrency group running it (see MOVED)
     outs: deque[LaneOutput] = field(default_factory=deque)
     calls: deque[Any] = field(default_factory=deque)  # ObjectRefs, in the lane's order
     fed_end: bool = False  # no feed unit left to send
@@ -113,6 +145,9 @@ class _Lane:
     received: int = 0
     #: After a move: the pieces received before, left out of the next output's tombstones.
     seen: set[tuple[int, int, int]] | None = None
+    copy: _Copy | None = None  # a speculative run, racing this one
+    #: This process's recent waits for the lane's outputs, in seconds (for stragglers).
+    waits: deque[float] = field(default_factory=lambda: deque(maxlen=_WAITS_KEPT))
 
 
 class RayExecutor:
@@ -128,6 +163,11 @@ class RayExecutor:
         self.actors: list[_Actor] = []
         self.lanes: dict[int, _Lane] = {}
         self.moves = 0
+        self.speculations = 0
+        self.speculation_wins = 0
+        self.resizes = 0
+        self._run_ids = itertools.count(1)
+        self._resize_to: int | None = None
         self._run: LaneRun | None = None
         self._payload: Any = None
         self._remote_cls: Any = None
@@ -147,17 +187,21 @@ class RayExecutor:
                 "make them picklable with dill (or give a dataset __zephon_reopen__)"
             ) from e
         self._payload = ray.put(payload)
-        self._remote_cls = ray.remote(max_restarts=0, max_task_retries=0)(LaneActor)
-        n = min(self.spec.num_workers, len(run.lanes))
+        self._remote_cls = ray.remote(
+            max_restarts=0, max_task_retries=0, concurrency_groups={MOVED: 1}
+        )(LaneActor)
+        wanted = self.spec.num_workers if self._resize_to is None else self._resize_to
+        self._resize_to = None
+        n = min(wanted, len(run.lanes))
         try:
             self.actors = self._start_actors(range(n))
             for wid, actor in enumerate(self.actors):
                 actor.lanes = list(run.lanes[wid::n])
                 for lane in actor.lanes:
                     target = run.targets.get(lane)
-                    st = self.lanes[lane] = _Lane(actor, last=target)
+                    st = self.lanes[lane] = _Lane(actor, next(self._run_ids), last=target)
                     st.ended = st.fed_end = lane in run.done
-                    actor.handle.take.remote(lane, None if target is None else list(target[1:]))
+                    self._take(actor, lane, target, st.run_id, None)
             for lane in run.lanes:
                 self._top_up(lane)
         except BaseException:
@@ -199,24 +243,43 @@ class RayExecutor:
 
     # ------------------------------------------------------------- feeding
     def _top_up(self, lane: int) -> None:
-        """Keeps :data:`LOOKAHEAD_FEEDS` calls of ``lane`` in flight."""
+        """Keeps :data:`LOOKAHEAD_CALLS` calls of ``lane`` in flight, each with up to
+        :data:`FEEDS_PER_CALL` feed units."""
         st = self.lanes[lane]
         assert self._run is not None
-        while not st.fed_end and len(st.calls) < LOOKAHEAD_FEEDS:
-            feed = self._run.pull(lane)
-            if not feed:
-                st.fed_end = True
-                return
-            for it in feed:
-                if isinstance(it, FlushSentinel) and it.final:
-                    st.fed_end, st.final = True, it
-            self._send(st, lane, feed)
+        while not st.fed_end and len(st.calls) < LOOKAHEAD_CALLS:
+            units: list[list[Any]] = []
+            while not st.fed_end and len(units) < FEEDS_PER_CALL:
+                feed = self._run.pull(lane)
+                if not feed:
+                    st.fed_end = True
+                    break
+                for it in feed:
+                    if isinstance(it, FlushSentinel) and it.final:
+                        st.fed_end, st.final = True, it
+                units.append(feed)
+            if units:
+                self._send(st, lane, units)
 
-    def _send(self, st: _Lane, lane: int, feed: list[Any]) -> None:
-        st.calls.append(st.actor.handle.run.remote(lane, wire.pack(wire.feed(lane, feed))))
+    def _send(self, st: _Lane, lane: int, units: list[list[Any]]) -> None:
+        """One call of ``lane`` on its actor, bringing ``units`` (feed units, in order)."""
+        feeds = [wire.pack(wire.feed(lane, feed)) for feed in units]
+        st.calls.append(_call(st.actor, "run", st.group, lane, feeds, st.run_id))
+        if st.copy is not None:  # racing: the copy gets every unit too
+            copy = st.copy
+            copy.calls.append(_call(copy.actor, "run", copy.group, lane, feeds, copy.run_id))
+
+    @staticmethod
+    def _take(
+        actor: _Actor, lane: int, target: SampleCursor | None, run_id: int, group: str | None
+    ) -> None:
+        where = None if target is None else list(target[1:])
+        _call(actor, "take", group, lane, where, run_id)
 
     # ------------------------------------------------------------- outputs
     def next_output(self, lane: int) -> LaneOutput:
+        if self._resize_to is not None:
+            self._resize(self._resize_to)
         st = self.lanes[lane]
         while not st.outs:
             self._top_up(lane)
@@ -234,32 +297,62 @@ class RayExecutor:
         return out
 
     def _wait(self, lane: int, st: _Lane) -> Any:
-        """The result of the lane's oldest call; None if its actor died and the lane moved."""
+        """The outputs of the lane's oldest call (or of its copy's, which then takes the
+        lane: see :meth:`_speculate`); None if its actor died and the lane moved."""
         ray = self.ray
-        ref = st.calls[0]
         run = self._run
         assert run is not None
         since = time.monotonic()
         while True:
             if self._closed or run.stopping.is_set():
                 raise WorkerError("the pipeline was closed")
-            try:
-                status, payload = ray.get(ref, timeout=_POLL_S)
-                break
-            except ray.exceptions.GetTimeoutError:
-                pass
-            except ray.exceptions.RayActorError as e:
-                self._move(st.actor, e)
-                return None
-            if time.monotonic() - since > self.options.worker_timeout_s:
+            copy = st.copy
+            refs = [st.calls[0]]
+            if copy is not None and copy.calls:
+                refs.append(copy.calls[0])
+            ready, _ = ray.wait(refs, num_returns=1, timeout=_POLL_S)
+            if ready:
+                from_copy = len(refs) == 2 and ready[0].hex() == refs[1].hex()
+                owner = copy.actor if from_copy and copy is not None else st.actor
+                try:
+                    status, payload = ray.get(ready[0])
+                except ray.exceptions.RayActorError as e:
+                    self._move(owner, e, lane)
+                    if from_copy:
+                        continue  # the copy is gone; the lane itself runs on
+                    return None
+                if status == ERROR:
+                    raise _actor_error(owner, lane, payload)
+                if from_copy and copy is not None:
+                    copy.calls.popleft()
+                    if not payload:
+                        continue  # still replaying: no output yet
+                    self._adopt(lane, st)
+                    self.speculation_wins += 1
+                else:
+                    st.calls.popleft()
+                    if payload and copy is not None:
+                        self._drop_copy(lane, st)  # the lane's own run was first
+                st.waits.append(time.monotonic() - since)
+                return payload
+            waited = time.monotonic() - since
+            if self.spec.speculate and copy is None and waited > self._straggler_s():
+                self._speculate(lane, st)
+            if waited > self.options.worker_timeout_s:
                 raise WorkerError(
                     f"{st.actor.name()} has not answered for lane {lane} in "
                     f"worker_timeout_s={self.options.worker_timeout_s} s"
                 )
-        st.calls.popleft()
-        if status == ERROR:
-            raise _actor_error(st.actor, lane, payload)
-        return payload
+
+    def _straggler_s(self) -> float:
+        """How long a wait makes a lane a straggler: ``straggler_factor`` times the median
+        lane's mean recent wait, at least ``straggler_min_s``; never before half the lanes
+        have had an output (the first outputs wait for the actors' first calls)."""
+        means = sorted(sum(st.waits) / len(st.waits) for st in self.lanes.values() if st.waits)
+        if len(means) < max(2, len(self.lanes) // 2):
+            return math.inf
+        median = means[len(means) // 2]
+        return max(self.spec.straggler_min_s, self.spec.straggler_factor * median)
 
     def _accept(self, lane: int, st: _Lane, made: list[tuple[bytes, list[Any]]]) -> None:
         for raw, arrays in made:
@@ -294,14 +387,114 @@ class RayExecutor:
             st.window.popleft()
 
     # --------------------------------------------------------------- moves
-    def _move(self, dead: _Actor, error: BaseException) -> None:
+    def _replay_on(
+        self,
+        lane: int,
+        st: _Lane,
+        to: _Actor,
+        later: list[tuple[_Copy, int, list[Any]]] | None = None,
+    ) -> _Copy:
+        """A fresh run of ``lane`` on ``to``: its pulled in-flight chunks replayed up to
+        the last record received (the restore path), the pieces received before noted
+        so that their tombstones are not counted twice. With ``later``, the replay's
+        calls are left there for :meth:`_send_replays`."""
+        run = self._run
+        assert run is not None and run.inflight is not None
+        seen: set[tuple[int, int, int]] = set()
+        for _, contributors, tombs in st.window:
+            for raw in (contributors, tombs):
+                rows = np.frombuffer(raw, dtype="<i8").reshape(-1, 4)[:, :3]
+                seen.update(map(tuple, rows.tolist()))
+        copy = _Copy(to, next(self._run_ids), seen)
+        self._take(to, lane, st.last, copy.run_id, copy.group)
+        units = run.inflight(lane)
+        if st.final is not None:
+            units.append([st.final])
+        feeds = [wire.pack(wire.feed(lane, unit)) for unit in units]
+        if later is None:
+            self._send_replays([(copy, lane, feeds)])
+        else:
+            later.append((copy, lane, feeds))
+        return copy
+
+    @staticmethod
+    def _send_replays(replays: list[tuple[_Copy, int, list[Any]]]) -> None:
+        """Replays' calls, one feed unit each (a lane's first output comes back as soon as
+        it is made) and taking turns between lanes (an actor runs its calls in order: a
+        lane waits for the others' first units, not for all of their replays)."""
+        for i in range(max((len(feeds) for _, _, feeds in replays), default=0)):
+            for copy, lane, feeds in replays:
+                if i < len(feeds):
+                    call = _call(copy.actor, "run", copy.group, lane, [feeds[i]], copy.run_id)
+                    copy.calls.append(call)
+
+    def _relocate(
+        self,
+        lane: int,
+        st: _Lane,
+        to: _Actor,
+        later: list[tuple[_Copy, int, list[Any]]] | None = None,
+    ) -> None:
+        """``lane`` runs on ``to`` from now on, replaying there (a lane move)."""
+        old = st.actor
+        if old.alive:
+            _call(old, "drop", st.group, lane, st.run_id)
+        if lane in old.lanes:
+            old.lanes.remove(lane)
+        to.lanes.append(lane)
+        st.actor = to
+        if st.copy is not None:
+            self._drop_copy(lane, st)
+        st.calls.clear()  # their outputs come again from the replay
+        if st.ended:
+            return
+        fresh = self._replay_on(lane, st, to, later)
+        st.run_id, st.calls, st.seen, st.group = fresh.run_id, fresh.calls, fresh.seen, fresh.group
+
+    def _speculate(self, lane: int, st: _Lane) -> None:
+        """Starts ``lane`` again on the least loaded other live actor, racing its run."""
+        others = [a for a in self.actors if a.alive and a is not st.actor]
+        if not others or self._run is None or self._run.inflight is None:
+            return
+        to = min(others, key=lambda a: (len(a.lanes), a.index))
+        st.copy = self._replay_on(lane, st, to)
+        self.speculations += 1
+
+    def _adopt(self, lane: int, st: _Lane) -> None:
+        """The lane's copy made its next output first: it is the lane's run now."""
+        copy = st.copy
+        assert copy is not None
+        old = st.actor
+        if old.alive:
+            _call(old, "drop", st.group, lane, st.run_id)
+        if lane in old.lanes:
+            old.lanes.remove(lane)
+        copy.actor.lanes.append(lane)
+        st.actor, st.run_id, st.calls, st.seen = copy.actor, copy.run_id, copy.calls, copy.seen
+        st.group = copy.group
+        st.copy = None
+
+    def _drop_copy(self, lane: int, st: _Lane) -> None:
+        copy = st.copy
+        st.copy = None
+        if copy is not None and copy.actor.alive:
+            _call(copy.actor, "drop", copy.group, lane, copy.run_id)
+
+    def _move(self, dead: _Actor, error: BaseException, first: int = 0) -> None:
         """Gives the lanes of ``dead`` to live actors (a fresh one if none is left); each
-        replays its pulled in-flight chunks there, up to the last record received."""
+        replays its pulled in-flight chunks there, up to the last record received (or is
+        taken by its speculative copy, if it has one). The lanes replay in the order the
+        consumer asks for them, from ``first`` (the lane it waits for)."""
         run = self._run
         assert run is not None
         if not dead.alive:
             return
         dead.alive = False
+        for st in self.lanes.values():
+            if st.copy is not None and st.copy.actor is dead:
+                st.copy = None
+        if not dead.lanes:
+            return
         if run.inflight is None:
             raise WorkerError(f"{dead.name()} died ({error}); its lanes cannot move") from error
         live = [a for a in self.actors if a.alive]
@@ -315,27 +508,59 @@ class RayExecutor:
                 ) from e
             self.actors.extend(live)
         self.moves += 1
-        for lane in dead.lanes:
+        replays: list[tuple[_Copy, int, list[Any]]] = []
+        for lane in sorted(dead.lanes, key=lambda x: (x < first, x)):
             st = self.lanes[lane]
-            to = min(live, key=lambda a: (len(a.lanes), a.index))
-            to.lanes.append(lane)
-            st.actor = to
-            st.calls.clear()  # they failed with the actor
-            if st.ended:
-                continue
-            seen: set[tuple[int, int, int]] = set()
-            for _, contributors, tombs in st.window:
-                for raw in (contributors, tombs):
-                    rows = np.frombuffer(raw, dtype="<i8").reshape(-1, 4)[:, :3]
-                    seen.update(map(tuple, rows.tolist()))
-            st.seen = seen
-            last = st.last
-            to.handle.take.remote(lane, None if last is None else list(last[1:]))
-            for unit in run.inflight(lane):
-                self._send(st, lane, unit)
-            if st.final is not None:
-                self._send(st, lane, [st.final])
+            if st.copy is not None:
+                self._adopt(lane, st)
+            else:
+                to = min(live, key=lambda a: (len(a.lanes), a.index))
+                self._relocate(lane, st, to, replays)
+        self._send_replays(replays)
         dead.lanes = []
+
+    # -------------------------------------------------------------- resize
+    def resize_workers(self, num_workers: int) -> None:
+        """Asks for ``num_workers`` actors: added ones take lanes, removed ones give
+        theirs, as lane moves, when the consumer next asks for a batch (before the
+        pipeline starts: it starts with that many)."""
+        if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 1:
+            raise ValueError(
+                f"resize_workers(num_workers) must be an int >= 1; got {num_workers!r}"
+            )
+        self._resize_to = num_workers
+
+    def _resize(self, wanted: int) -> None:
+        self._resize_to = None
+        if self._run is None or self._run.inflight is None:
+            raise WorkerError("this pipeline's lanes cannot move: resize_workers() needs them to")
+        live = [a for a in self.actors if a.alive]
+        n = min(wanted, len(self.lanes))
+        if n > len(live):
+            added = self._start_actors(range(len(self.actors), len(self.actors) + n - len(live)))
+            self.actors.extend(added)
+            live += added
+            for a in added:  # each takes lanes from the most loaded, until even
+                while True:
+                    donor = max(live, key=lambda b: (len(b.lanes), -b.index))
+                    if len(donor.lanes) - len(a.lanes) <= 1:
+                        break
+                    lane = donor.lanes[-1]
+                    self._relocate(lane, self.lanes[lane], a)
+        elif n < len(live):
+            keep, gone = live[:n], live[n:]
+            for a in gone:
+                a.alive = False  # takes no lane or copy from here on
+                for st in self.lanes.values():
+                    if st.copy is not None and st.copy.actor is a:
+                        st.copy = None
+                for lane in list(a.lanes):
+                    to = min(keep, key=lambda b: (len(b.lanes), b.index))
+                    self._relocate(lane, self.lanes[lane], to)
+                self.ray.kill(a.handle)
+        else:
+            return
+        self.resizes += 1
 
     # ------------------------------------------------------------ the rest
     def extra_stats(self) -> dict[str, Any]:
@@ -352,7 +577,10 @@ class RayExecutor:
                     for a in self.actors
                 ],
                 "lane_moves": self.moves,
+                "resizes": self.resizes,
                 "speculate": self.spec.speculate,
+                "speculations": self.speculations,
+                "speculation_wins": self.speculation_wins,
             }
         }
 
@@ -373,7 +601,16 @@ class RayExecutor:
         for st in self.lanes.values():
             st.calls.clear()
             st.outs.clear()
+            st.copy = None
         self._run = None  # holds the engine's methods: a reference cycle, left to the GC
+
+
+def _call(actor: _Actor, method: str, group: str | None, *args: Any) -> Any:
+    """``actor.method.remote(*args)`` in concurrency group ``group`` (None: the default)."""
+    bound = getattr(actor.handle, method)
+    if group is not None:
+        bound = bound.options(concurrency_group=group)
+    return bound.remote(*args)
 
 
 def _top_chunk(raw: bytes) -> int:

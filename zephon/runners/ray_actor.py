@@ -4,8 +4,8 @@ The actor is the Ray twin of a local worker process (:mod:`zephon.runners.worker
 same :class:`~zephon.runners.chain.ChainRunner` and
 :class:`~zephon.runners.lanes.LaneOutputs`, the same wire format for outputs
 (:func:`~zephon.runners.wire.output_meta`). It cannot ask the parent for feed units, so
-the parent pushes them: each :meth:`LaneActor.run` call brings one of a lane's feed units
-and returns every output the lane can make with what it has been given. A lane's outputs
+the parent pushes them: each :meth:`LaneActor.run` call brings a few of a lane's feed
+units and returns every output the lane can make with what it has been given. A lane's outputs
 are a pure function of its feed units, so which actor runs it, and how the units are cut
 into calls, never changes them.
 
@@ -25,6 +25,8 @@ from zephon.runners.faults import error_message
 from zephon.runners.lanes import LaneOutputs
 
 OK = "ok"
+#: Set in each actor's process to the actor's index (0, 1, ...).
+ACTOR_ENV = "ZEPHON_RAY_ACTOR"
 ERROR = "error"
 
 
@@ -38,50 +40,71 @@ class LaneActor:
     def __init__(self, index: int, payload: bytes) -> None:
         import dill
 
-        from zephon.runners.chain import ChainRunner
-
         self.index = index
-        plan = dill.loads(payload)
-        pool = None
-        cap = max(op.parallelism for op in plan.ops)
+        # Which actor this is, for what runs here (logs; a benchmark's slowed actor).
+        os.environ[ACTOR_ENV] = str(index)
+        self.plan = dill.loads(payload)
+        self.pool = None
+        cap = max(op.parallelism for op in self.plan.ops)
         if cap > 1:
             from concurrent.futures import ThreadPoolExecutor
 
-            pool = ThreadPoolExecutor(cap, thread_name_prefix="zephon-op")
-        self.runner = ChainRunner(plan, pool)
-        self.outputs = LaneOutputs(self.runner, self._pull, 1)
-        self.feeds: dict[int, deque[list[Any]]] = {}
+            self.pool = ThreadPoolExecutor(cap, thread_name_prefix="zephon-op")
+        #: Each lane's own chain (fresh operators): a lane that comes back (a move, a
+        #: speculative copy) starts clean, and one dropped leaves nothing behind.
+        self.lanes: dict[int, tuple[LaneOutputs, deque[list[Any]]]] = {}
+        #: Each lane's current run (see :meth:`take`): calls of an older one are no-ops.
+        self.runs: dict[int, int] = {}
 
     def ready(self) -> tuple[int, str]:
         """This actor's process id and host, once it is built."""
         return os.getpid(), socket.gethostname()
 
-    def take(self, lane: int, target: list[int] | None) -> None:
-        """``lane`` runs here from now on, from its first feed unit or its in-flight
-        chunks; with ``target`` (``[chunk_id, offset, child]``) it replays up to and
-        including that record, dropped (the restore path)."""
-        self.feeds[lane] = deque()
+    def take(self, lane: int, target: list[int] | None, run_id: int = 0) -> None:
+        """``lane`` runs here from now on (as run ``run_id``), from its first feed unit
+        or its in-flight chunks, on a fresh chain; with ``target`` (``[chunk_id, offset,
+        child]``) it replays up to and including that record, dropped (the restore path)."""
+        from zephon.runners.chain import ChainRunner
+
+        runner = ChainRunner(self.plan, self.pool)
         if target is not None:
-            self.runner.replay_filter.set_target(lane, SampleCursor(lane, *target))  # type: ignore[attr-defined]
+            runner.replay_filter.set_target(lane, SampleCursor(lane, *target))  # type: ignore[attr-defined]
+        feeds: deque[list[Any]] = deque()
 
-    def _pull(self, lane: int) -> list[Any]:
-        feeds = self.feeds[lane]
-        if not feeds:
-            raise _Starved
-        return feeds.popleft()
+        def pull(_lane: int) -> list[Any]:
+            if not feeds:
+                raise _Starved
+            return feeds.popleft()
 
-    def run(self, lane: int, feed: bytes) -> tuple[str, Any]:
-        """Adds one feed unit of ``lane`` and makes every output it can: ``("ok",
+        # A run's own feed units: a call of an older run still going (in another
+        # concurrency group) cannot take the new run's.
+        self.lanes[lane] = (LaneOutputs(runner, pull, 1), feeds)
+        self.runs[lane] = run_id
+
+    def drop(self, lane: int, run_id: int) -> None:
+        """Forgets run ``run_id`` of ``lane`` (it runs elsewhere now): its calls still
+        queued do nothing. A newer run of the lane here (taken since) stays."""
+        if self.runs.get(lane) == run_id:
+            del self.lanes[lane], self.runs[lane]
+
+    def run(self, lane: int, feeds: list[bytes], run_id: int = 0) -> tuple[str, Any]:
+        """Adds feed units of ``lane`` and makes every output it can: ``("ok",
         [(meta, arrays), ...])``, or ``("error", message)`` for an exception (the actor
-        goes on living; the parent raises it)."""
+        goes on living; the parent raises it). A call of a run this actor no longer has
+        (dropped, or taken again since) does nothing: ``("ok", [])``."""
+        held = self.lanes.get(lane)
+        if held is None or self.runs.get(lane) != run_id:
+            return OK, []
+        outputs, queue = held
         try:
-            items = wire.feed_items(wire.unpack(feed))
-            if items:
-                self.feeds[lane].append(items)
+            for feed in feeds:
+                items = wire.feed_items(wire.unpack(feed))
+                if items:
+                    queue.append(items)
             made: list[tuple[bytes, list[Any]]] = []
             while True:
                 try:
-                    out = self.outputs.next(lane)
+                    out = outputs.next(lane)
                 except _Starved:
                     break
                 rec = out.record

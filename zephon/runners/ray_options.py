@@ -61,8 +61,18 @@ class RayWorkers:
         resources: what each actor asks of Ray, e.g. ``{"CPU": 2, "memory": 2**30}`` or a
             custom resource; ``CPU`` and ``GPU`` are Ray's ``num_cpus`` and ``num_gpus``.
             ``None``: ``{"CPU": 1}``.
-        speculate: run a lane that falls behind on a second actor too (not in this version:
-            accepted and reported by ``stats()``).
+        speculate: run a lane that falls behind on a second actor too: when this process
+            has waited for a lane's next output longer than ``straggler_factor`` times
+            the median lane's recent wait (and at least ``straggler_min_s``; once half the
+            lanes have had an output), the lane starts again on the least loaded other
+            actor from its in-flight chunks (the path of a lane move); whichever actor makes the lane's next output first keeps
+            the lane, the other drops it. A lane's outputs are a pure function of its
+            chunks, so the duplicate changes nothing. ``stats()["ray"]`` counts
+            ``speculations`` and ``speculation_wins`` (the copy was first).
+        straggler_factor: the ``k`` above (> 0).
+        straggler_min_s: the shortest wait that counts as falling behind (>= 0): a
+            pipeline whose outputs are all ready waits about nothing, and a lane is not a
+            straggler for a few milliseconds of that.
         connect_timeout_s: see ``address``.
     """
 
@@ -70,6 +80,8 @@ class RayWorkers:
     address: str | None = None
     resources: Mapping[str, float] | None = None
     speculate: bool = True
+    straggler_factor: float = 4.0
+    straggler_min_s: float = 0.25
     connect_timeout_s: float = CONNECT_TIMEOUT_S
     _resources: tuple[tuple[str, float], ...] = field(default=(), init=False, repr=False)
 
@@ -97,6 +109,12 @@ class RayWorkers:
             )
         if not isinstance(self.speculate, bool):
             raise ValueError(f"RayWorkers(speculate=...) must be a bool; got {self.speculate!r}")
+        k = self.straggler_factor
+        if not (isinstance(k, (int, float)) and not isinstance(k, bool) and k > 0):
+            raise ValueError(f"RayWorkers(straggler_factor=...) must be > 0; got {k!r}")
+        m = self.straggler_min_s
+        if not (isinstance(m, (int, float)) and not isinstance(m, bool) and m >= 0):
+            raise ValueError(f"RayWorkers(straggler_min_s=...) must be >= 0; got {m!r}")
         t = self.connect_timeout_s
         if not (isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0):
             raise ValueError(f"RayWorkers(connect_timeout_s=...) must be > 0; got {t!r}")
