@@ -297,7 +297,7 @@ class Pack(LaneStateOperator):
         else:  # every piece whole in one instance: grouped in C where it is built
             rows, new = bin_rows(pieces, decided.instance, decided.emitted, decided.opened, held)
         compact(new)  # (what waited before was compacted when it came, and is kept)
-        return [self._record(lane, row) for row in rows]
+        return self._records(lane, rows)
 
     def _placed(self, pieces: list[Piece], decided: Any) -> dict[int, list[Piece]]:
         """Instance -> the pieces this call put in it (cut ones in parts)."""
@@ -346,14 +346,14 @@ class Pack(LaneStateOperator):
                 kept = kept + new
             held[b] = kept
         oldest_open = min((f for f in first if f >= 0), default=bins.arrived)
-        out: list[Output] = []
+        leaving = []
         while waiting and waiting[0][0] < oldest_open:
             row = heapq.heappop(waiting)[1]
             bins.waiting_pieces -= len(row)
-            out.append(self._record(lane, row))
+            leaving.append(row)
         compact(held)
         compact([row for at, row in pushed if at >= oldest_open])  # those that wait
-        return out
+        return self._records(lane, leaving)
 
     def _cut(self, p: Piece, key: int, head: int) -> list[tuple[int, Piece]]:
         """A piece cut across rows: its first ``head`` tokens in instance ``key``, then
@@ -382,9 +382,11 @@ class Pack(LaneStateOperator):
             out.append((key + j, piece))
         return out
 
-    def _record(self, lane: int, row: list[Piece]) -> Record:
-        """The record of an emptied bin's pieces, assembled when its data is first read."""
-        return PackedRow(self.rows, row, lane)
+    def _records(self, lane: int, rows: Iterable[list[Piece]]) -> list[Output]:
+        """The records of emptied bins' pieces, each assembled when its data is first read
+        (one call a batch of rows: this runs for every row ``pack`` makes)."""
+        assembler = self.rows
+        return [PackedRow(assembler, row, lane) for row in rows]
 
     def flush(self, reset: bool, lane_id: int) -> Iterable[Output]:
         bins = self._lanes.get(lane_id)
@@ -395,11 +397,11 @@ class Pack(LaneStateOperator):
             opened = [(bins.first[b], held[b]) for b in range(self.num_bins) if held[b]]
             rows = bins.waiting + opened
             rows.sort(key=_arrival)
-            out = [self._record(lane_id, row) for _, row in rows]
+            out = self._records(lane_id, (row for _, row in rows))
             bins.waiting, bins.waiting_pieces, bins.arrived = [], 0, 0
             bins.first[:] = [-1] * self.num_bins
         else:
-            out = [self._record(lane_id, held[b]) for b in range(self.num_bins) if held[b]]
+            out = self._records(lane_id, (row for row in held if row))
         for b in range(self.num_bins):
             held[b] = []
         bins.fill[:] = 0
