@@ -116,12 +116,32 @@ class EtcdServer:
     def resume(self) -> None:
         os.kill(self.pid, signal.SIGCONT)
 
+    @property
+    def name(self) -> str:
+        """The member name on its command line: one per server (see :func:`start_etcd`)."""
+        return next((a.split("=", 1)[1] for a in self.args if a.startswith("--name=")), "")
+
     def healthy(self, timeout_s: float = 1.0) -> bool:
+        """Healthy, and this server is the one answering on its port: two servers started
+        at once (pytest-xdist's processes) may pick the same free port, and the one that
+        loses the bind exits while the other answers its health checks."""
         try:
             with urllib.request.urlopen(
                 f"http://{self.endpoint}/health", timeout=timeout_s
             ) as resp:
-                return json.loads(resp.read()).get("health") == "true"
+                if json.loads(resp.read()).get("health") != "true":
+                    return False
+            request = urllib.request.Request(
+                f"http://{self.endpoint}/v3/cluster/member/list", data=b"{}", method="POST"
+            )
+            with urllib.request.urlopen(request, timeout=timeout_s) as resp:
+                members = json.loads(resp.read()).get("members") or []
+            if self.name and not any(m.get("name") == self.name for m in members):
+                raise RuntimeError(
+                    f"another etcd answers on {self.endpoint} (members "
+                    f"{[m.get('name') for m in members]}, not {self.name})"
+                )
+            return True
         except (OSError, ValueError):
             return False
 
@@ -193,15 +213,16 @@ def start_etcd(
         log_path = os.path.join(data_dir, "etcd.log")
         peer = f"http://127.0.0.1:{peer_port}"
         client = f"http://127.0.0.1:{client_port}"
+        name = f"zephon-test-{os.getpid()}-{client_port}"  # checked by healthy()
         args = [
             binary,
-            "--name=zephon-test",
+            f"--name={name}",
             f"--data-dir={os.path.join(data_dir, 'data')}",
             f"--listen-client-urls={client}",
             f"--advertise-client-urls={client}",
             f"--listen-peer-urls={peer}",
             f"--initial-advertise-peer-urls={peer}",
-            f"--initial-cluster=zephon-test={peer}",
+            f"--initial-cluster={name}={peer}",
             "--initial-cluster-state=new",
             "--log-level=warn",
             *extra_args,
