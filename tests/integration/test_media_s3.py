@@ -3,7 +3,6 @@ once into the cache directory (never into the bucket), decoded in worker process
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +10,7 @@ import pytest
 
 import zephon as zp
 from tests.integration.test_media import encode, picture, write_shard
+from tests.s3_server import s3_server
 from zephon.testing import assert_same_batches, take
 
 pytestmark = pytest.mark.processes
@@ -18,32 +18,10 @@ pytestmark = pytest.mark.processes
 BUCKET = "zephon-media"
 
 
-def _need(module: str) -> None:
-    try:
-        pytest.importorskip(module)
-    except pytest.skip.Exception:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI=true: the object-storage tests need {module}; install .[test]")
-        raise
-
-
 @pytest.fixture(scope="module")
 def s3():
-    _need("s3fs")
-    _need("moto.server")
-    from benchmarks.s3_local import S3Server
-
-    try:
-        server = S3Server()
-    except Exception as e:  # noqa: BLE001 - whatever kept it from starting
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI=true and the moto S3 server could not start: {e}")
-        pytest.skip(f"the moto S3 server could not start: {e}")
-    try:
-        server.client().create_bucket(Bucket=BUCKET)
+    with s3_server(BUCKET) as server:
         yield server
-    finally:
-        server.close()
 
 
 def test_shards_in_a_bucket_read_and_decode_like_local_ones(

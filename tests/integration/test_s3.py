@@ -9,7 +9,6 @@ With ``CI=true`` a server that cannot start fails these tests instead of skippin
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import numpy as np
 import pytest
 
 import zephon as zp
+from tests.s3_server import need, s3_server
 from zephon.sources import _fs
 from zephon.testing import assert_resumes_exactly, take
 
@@ -27,33 +27,10 @@ FILES = 5
 PER_FILE = 12
 
 
-def _need(module: str):
-    try:
-        return pytest.importorskip(module)
-    except pytest.skip.Exception:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI=true: the object-storage tests need {module}; install .[test]")
-        raise
-
-
 @pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    _need("s3fs")
-    _need("moto.server")
-    from benchmarks.s3_local import S3Server
-
-    try:
-        server = S3Server()
-    except Exception as e:  # noqa: BLE001 - whatever kept it from starting
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI=true and the moto S3 server could not start: {e}")
-        pytest.skip(f"the moto S3 server could not start: {e}")
-    try:
-        client = server.client()
-        client.create_bucket(Bucket=BUCKET)
+def s3():
+    with s3_server(BUCKET) as server:
         yield server
-    finally:
-        server.close()
 
 
 @pytest.fixture(scope="module")
@@ -200,7 +177,7 @@ def test_missing_object_names_the_url(s3, corpus, cache_dir):
 
 
 def test_unreachable_endpoint_fails_within_the_timeout_naming_the_url(cache_dir):
-    _need("s3fs")
+    need("s3fs")
     from benchmarks.s3_local import _free_port, storage_options_for
 
     opts = storage_options_for(f"http://127.0.0.1:{_free_port()}")  # nobody listens
