@@ -545,13 +545,13 @@ class Pipeline(ChainBuilder):
         ones give theirs away, each lane moving as when an actor dies (it replays its
         in-flight chunks on the new actor): no batch changes. Before the first batch, the
         pipeline starts with that many actors."""
-        resize = getattr(self._get_engine().executor, "resize_workers", None)
-        if resize is None:
+        if self._options.remote is None:
             raise ValueError(
                 "resize_workers() needs workers=zp.RayWorkers(n); this pipeline has "
                 f"workers={self.workers}"
             )
-        resize(num_workers)
+        ray_executor: Any = self._get_engine().executor  # a RayExecutor (options.remote)
+        ray_executor.resize_workers(num_workers)
 
     def close(self) -> None:
         """Stop the pump and release threads, workers and shared memory. Idempotent.
