@@ -91,3 +91,54 @@ def digest(batch: Any) -> str:
         h.update(f"{k}|{a.dtype}|{a.shape}|".encode())
         h.update(a.tobytes())
     return h.hexdigest()[:16]
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on now (for JAX's coordinator)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_jax_processes(
+    worker: Path, num_processes: int, *args: str, timeout_s: float
+) -> list[tuple[int, str]]:
+    """Runs ``worker`` as one JAX job of ``num_processes`` processes on the CPU (4 devices in
+    all), each given ``--port --process-id --num-processes`` before ``args``; each
+    process's return code and output, in process order. Kills what is left on the way out."""
+    port = free_port()
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={4 // num_processes}"
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(worker),
+                "--port",
+                str(port),
+                "--process-id",
+                str(i),
+                "--num-processes",
+                str(num_processes),
+                *args,
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )  # fmt: skip
+        for i in range(num_processes)
+    ]
+    out = []
+    try:
+        for proc in procs:
+            log = proc.communicate(timeout=timeout_s)[0]
+            out.append((proc.returncode, log))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()  # only the processes this call started
+                proc.wait()
+    return out

@@ -9,16 +9,12 @@ The processes are _jax_mp_worker.py; see its docstring for what each one does.
 from __future__ import annotations
 
 import json
-import os
 import signal
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.integration._jax_common import require
+from tests.integration._jax_common import require, run_jax_processes
 
 require("jax", "orbax.checkpoint")
 
@@ -30,55 +26,14 @@ STEPS, SAVE_AT, CRASH_AFTER = 10, 4, 7
 TIMEOUT_S = 120
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch(workdir: Path, num_processes: int, tag: str, *extra: str) -> list[int]:
     """Run one job of ``num_processes`` workers (4 devices in all); their return codes."""
-    port = free_port()
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={4 // num_processes}"
-    env["JAX_PLATFORMS"] = "cpu"
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                str(WORKER),
-                "--port",
-                str(port),
-                "--process-id",
-                str(i),
-                "--num-processes",
-                str(num_processes),
-                "--workdir",
-                str(workdir),
-                "--steps",
-                str(STEPS),
-                "--tag",
-                tag,
-                *extra,
-            ],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for i in range(num_processes)
-    ]
-    codes, logs = [], []
-    try:
-        for p in procs:
-            out, _ = p.communicate(timeout=TIMEOUT_S)
-            codes.append(p.returncode)
-            logs.append(out)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()  # only the processes this test started
-                p.wait()
+    ran = run_jax_processes(
+        WORKER, num_processes, "--workdir", str(workdir), "--steps", str(STEPS), "--tag", tag,
+        *extra, timeout_s=TIMEOUT_S,
+    )  # fmt: skip
+    codes = [code for code, _ in ran]
+    logs = [log for _, log in ran]
     crashed = "--crash-after" in extra
     for i, (code, log) in enumerate(zip(codes, logs, strict=True)):
         # After the step barrier each process kills itself; one that the coordination

@@ -6,16 +6,12 @@ both checkpoints and continues with the same global batches."""
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.integration._jax_common import require, run_cases
+from tests.integration._jax_common import require, run_cases, run_jax_processes
 from tests.integration._orbax_v1_mp_worker import LAYOUTS, SAVE_AT, STEPS, build
 from zephon.testing import assert_same_batches, take
 
@@ -32,50 +28,12 @@ def test_orbax_v1_checkpointable():
     run_cases("_jax_cases_orbax_v1.py", devices=4)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _launch(workdir: Path, num_processes: int, mode: str) -> None:
-    port = free_port()
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={4 // num_processes}"
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                str(WORKER),
-                "--port",
-                str(port),
-                "--process-id",
-                str(i),
-                "--num-processes",
-                str(num_processes),
-                "--workdir",
-                str(workdir),
-                "--mode",
-                mode,
-            ],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )  # fmt: skip
-        for i in range(num_processes)
-    ]
-    logs = []
-    try:
-        for p in procs:
-            logs.append(p.communicate(timeout=TIMEOUT_S)[0])
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()  # only the processes this test started
-                p.wait()
-    for i, (p, log) in enumerate(zip(procs, logs, strict=True)):
-        assert p.returncode == 0, f"{mode} process {i} exited with {p.returncode}:\n{log[-4000:]}"
+    ran = run_jax_processes(
+        WORKER, num_processes, "--workdir", str(workdir), "--mode", mode, timeout_s=TIMEOUT_S
+    )
+    for i, (code, log) in enumerate(ran):
+        assert code == 0, f"{mode} process {i} exited with {code}:\n{log[-4000:]}"
 
 
 def _batches(path: Path) -> list[dict[str, np.ndarray]]:
