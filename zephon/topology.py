@@ -11,6 +11,8 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
+from zephon._args import positive_int
+
 
 @dataclass(frozen=True)
 class Topology:
@@ -47,8 +49,7 @@ def resolve_topology(
     dp_rank: int | None = None,
     dp_size: int | None = None,
 ) -> Topology:
-    if not isinstance(canonical_replicas, int) or canonical_replicas < 1:
-        raise ValueError(f"canonical_replicas must be a positive int; got {canonical_replicas!r}")
+    canonical_replicas = positive_int("canonical_replicas", canonical_replicas)
     if rank is None or world_size is None:
         jp = _jax_process()
         if rank is None:

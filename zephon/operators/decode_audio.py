@@ -6,6 +6,7 @@ import io
 
 import numpy as np
 
+from zephon._args import positive_int
 from zephon.operators._decode import Decode
 
 
@@ -24,11 +25,7 @@ class DecodeAudio(Decode):
         parallelism: int = 1,
     ) -> None:
         super().__init__(field, to, on_error, parallelism)
-        if not isinstance(sample_rate, int) or isinstance(sample_rate, bool) or sample_rate < 1:
-            raise ValueError(
-                f"decode_audio(sample_rate=...) must be a positive int (Hz); got {sample_rate!r}"
-            )
-        self.sample_rate = sample_rate
+        self.sample_rate = positive_int("decode_audio(sample_rate=...)", sample_rate, "Hz")
 
     def decode(self, raw: bytes) -> np.ndarray:
         av = self.lib

@@ -7,6 +7,7 @@ import io
 
 import numpy as np
 
+from zephon._args import positive_int
 from zephon.operators._decode import Decode
 
 
@@ -35,11 +36,7 @@ class DecodeVideo(Decode):
         parallelism: int = 1,
     ) -> None:
         super().__init__(field, to, on_error, parallelism)
-        if not isinstance(num_frames, int) or isinstance(num_frames, bool) or num_frames < 1:
-            raise ValueError(
-                f"decode_video(num_frames=...) must be a positive int; got {num_frames!r}"
-            )
-        self.num_frames = num_frames
+        self.num_frames = positive_int("decode_video(num_frames=...)", num_frames)
 
     def decode(self, raw: bytes) -> np.ndarray:
         av = self.lib

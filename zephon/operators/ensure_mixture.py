@@ -18,6 +18,7 @@ from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from zephon._args import positive_int
 from zephon.operators.base import LaneStateOperator, OpTraits, Output, PipelineContext
 from zephon.records import FlushSentinel, Record
 
@@ -40,10 +41,7 @@ class EnsureMixture(LaneStateOperator):
         self, weights: Sequence[float] | Mapping[str, float] | None = None, buffer_size: int = 16
     ) -> None:
         super().__init__()
-        if not isinstance(buffer_size, int) or buffer_size < 1:
-            raise ValueError(
-                f"ensure_mixture(buffer_size=...) must be a positive int; got {buffer_size!r}"
-            )
+        buffer_size = positive_int("ensure_mixture(buffer_size=...)", buffer_size)
         if weights is None or isinstance(weights, Mapping):
             self.weights: Any = (
                 None if weights is None else {str(k): float(v) for k, v in weights.items()}

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from zephon._args import positive_int
 from zephon.operators.base import Operator, OpTraits, Output, check_fits
 from zephon.records import Record
 
@@ -132,8 +133,7 @@ class TrimOrPad(Operator):
         pad_values: Mapping[str, Any] | None = None,
         feature: str = "tokens",
     ) -> None:
-        if not isinstance(max_len, int) or isinstance(max_len, bool) or max_len < 1:
-            raise ValueError(f"trim_or_pad(max_len=...) must be a positive int; got {max_len!r}")
+        max_len = positive_int("trim_or_pad(max_len=...)", max_len)
         if pad_values is not None and not isinstance(pad_values, Mapping):
             raise TypeError(
                 "trim_or_pad(pad_values=...) must be a dict of feature name to pad value "

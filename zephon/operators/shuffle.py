@@ -11,6 +11,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from zephon._args import positive_int
 from zephon.operators.base import LaneStateOperator, OpTraits, Output, PipelineContext
 from zephon.records import Record
 from zephon.work_sources.permutation import mix64
@@ -30,11 +31,7 @@ class Shuffle(LaneStateOperator):
 
     def __init__(self, buffer_size: int, seed: int | None = None) -> None:
         super().__init__()
-        if not isinstance(buffer_size, int) or buffer_size < 1:
-            raise ValueError(
-                f"shuffle(buffer_size=...) must be a positive int; got {buffer_size!r}"
-            )
-        self.buffer_size = buffer_size
+        self.buffer_size = positive_int("shuffle(buffer_size=...)", buffer_size)
         self.seed = seed
         self._seed = 0 if seed is None else seed
 

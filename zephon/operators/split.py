@@ -6,6 +6,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from zephon._args import positive_int
 from zephon.errors import ContractViolation
 from zephon.operators.base import Operator, OpTraits, Output, data_text
 from zephon.records import Contributor, Record
@@ -24,9 +25,7 @@ class Split(Operator):
     name = "split"
 
     def __init__(self, max_len: int, feature: str = "tokens") -> None:
-        if not isinstance(max_len, int) or max_len < 1:
-            raise ValueError(f"split(max_len=...) must be a positive int; got {max_len!r}")
-        self.max_len = max_len
+        self.max_len = positive_int("split(max_len=...)", max_len)
         self.feature = feature
 
     def process_batch(self, records: list[Record]) -> list[Output]:

@@ -19,13 +19,13 @@ from typing import Any
 import numpy as np
 
 from zephon.errors import CheckpointError
+from zephon.tracking.checks import checked_count
 from zephon.work_sources.schedule import Schedule
 
 __all__ = [
     "STATE_KEYS",
     "STATE_VERSION",
     "LaneState",
-    "checked_count",
     "decode_state",
     "pack_carry",
     "pack_counts",
@@ -171,13 +171,6 @@ def unpack_carry(data: Any, count: int) -> np.ndarray:
     return carry
 
 
-def checked_count(name: str, value: Any) -> int:
-    """``value`` if it is a non-negative int (not a bool), else a CheckpointError."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise CheckpointError(f"state {name} must be a non-negative int; got {value!r}")
-    return value
-
-
 def decode_state(state: Mapping[str, Any]) -> dict[str, Any]:
     """A lane's work-source state as plain per-component lists (``positions``, ``tokens``),
     for ``zephon inspect``: no datasets needed. The count comes from the packed bytes."""
@@ -263,9 +256,9 @@ def read_state(
             f"{lane} of {num_lanes}; load it into for_lane({saved_lane}, {saved_num_lanes})"
         )
     k = len(names)
-    next_chunk_id = checked_count("next_chunk_id", state["next_chunk_id"])
-    lane_tokens = checked_count("lane_tokens", state["lane_tokens"])
-    position = checked_count("schedule_position", state["schedule_position"])
+    next_chunk_id = checked_count("state next_chunk_id", state["next_chunk_id"])
+    lane_tokens = checked_count("state lane_tokens", state["lane_tokens"])
+    position = checked_count("state schedule_position", state["schedule_position"])
     vtime = state["virtual_time"]
     if not isinstance(vtime, float) or not math.isfinite(vtime):
         raise CheckpointError(f"state virtual_time must be a finite float; got {vtime!r:.40}")

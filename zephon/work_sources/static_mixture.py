@@ -40,8 +40,9 @@ import numpy as np
 from zephon.chunks import WorkChunk
 from zephon.errors import CheckpointError
 from zephon.sources.identity import dataset_identity
+from zephon.tracking.checks import checked_count
 from zephon.work_sources.base import RandomAccessDataset
-from zephon.work_sources.lane_state import checked_count, unpack_components
+from zephon.work_sources.lane_state import unpack_components
 from zephon.work_sources.lengths import ComponentLengths
 from zephon.work_sources.mixture_args import (
     ON_EXHAUSTED,
@@ -382,8 +383,8 @@ class StaticMixtureWorkSource:
             if name in kept:
                 new_pos[c] = positions[index[kept[name]]]
                 new_tok[c] = tokens[index[kept[name]]]
-        next_chunk_id = checked_count("next_chunk_id", state.get("next_chunk_id"))
-        lane_tokens = checked_count("lane_tokens", state.get("lane_tokens"))
+        next_chunk_id = checked_count("state next_chunk_id", state.get("next_chunk_id"))
+        lane_tokens = checked_count("state lane_tokens", state.get("lane_tokens"))
         fresh = MixtureLane(self._inputs, self._stream.lane, self._stream.num_lanes)
         return fresh.restarted_state(new_pos, new_tok, next_chunk_id, lane_tokens)
 
