@@ -20,7 +20,7 @@ import zipfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: Besides the package and native/, what the sdist needs to build the wheel.
-SDIST_EXTRA = ("setup.py", "pyproject.toml", "MANIFEST.in", "README.md")
+SDIST_EXTRA = ("setup.py", "pyproject.toml", "MANIFEST.in", "README.md", "LICENSE")
 
 
 def tree_files(*dirs: str) -> set[str]:
