@@ -2,8 +2,10 @@
 
 Lanes are dealt to data-parallel groups as contiguous blocks of ``canonical_replicas``;
 model-parallel peers in one DP group read the same lanes. Defaults come from
-``jax.process_index()/process_count()`` when ``jax.distributed`` is initialised (JAX is
-never imported here; we only look at it if the program already did), else a single rank.
+``jax.process_index()/process_count()`` when ``jax.distributed`` is initialised, else
+from ``torch.distributed.get_rank()/get_world_size()`` when a default process group is,
+else a single rank (neither library is imported here; we only look at one the program
+already imported).
 """
 
 from __future__ import annotations
@@ -42,6 +44,24 @@ def _jax_process() -> tuple[int, int] | None:
         return None
 
 
+def _torch_process() -> tuple[int, int] | None:
+    dist = sys.modules.get("torch.distributed")
+    if dist is None:
+        return None
+    try:
+        if not (dist.is_available() and dist.is_initialized()):
+            return None
+        return int(dist.get_rank()), int(dist.get_world_size())
+    except Exception:  # noqa: BLE001 - a torch without distributed support: not initialised
+        return None
+
+
+def launcher_process() -> tuple[int, int] | None:
+    """``(rank, world_size)`` of an initialised ``jax.distributed`` or, failing that,
+    ``torch.distributed`` default process group; None without either."""
+    return _jax_process() or _torch_process()
+
+
 def resolve_topology(
     canonical_replicas: int,
     rank: int | None = None,
@@ -51,7 +71,7 @@ def resolve_topology(
 ) -> Topology:
     canonical_replicas = positive_int("canonical_replicas", canonical_replicas)
     if rank is None or world_size is None:
-        jp = _jax_process()
+        jp = launcher_process()
         if rank is None:
             rank = jp[0] if jp else 0
         if world_size is None:

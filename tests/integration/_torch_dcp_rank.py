@@ -22,6 +22,7 @@ import torch.distributed.checkpoint as dcp
 import zephon.torch as zt
 from tests.integration.corpus import lm_pipeline
 from zephon.testing import assert_same_batches, take
+from zephon.topology import resolve_topology
 
 STEPS, CUT = 10, 4
 
@@ -37,6 +38,8 @@ def main() -> None:
     store = dist.FileStore(str(workdir / "store"), 2)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
     try:
+        # A pipeline built without rank= and world_size= takes them from the process group.
+        assert (resolve_topology(4).rank, resolve_topology(4).world_size) == (rank, 2)
         torch.manual_seed(0)
         model = torch.nn.Linear(4, 3)
         with zt.Loader(build(rank)) as loader:

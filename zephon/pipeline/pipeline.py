@@ -67,9 +67,10 @@ class Pipeline(ChainBuilder):
             with one CPU gets 0). :class:`~zephon.RayWorkers`: the lanes run on Ray actors
             (see :mod:`zephon.runners.ray`); ``workers`` then reads its ``num_workers``.
         rank: this process's rank in a multi-host job; defaults to
-            ``jax.process_index()`` when ``jax.distributed`` is initialised, else 0.
-        world_size: the number of ranks; defaults to ``jax.process_count()`` when
-            ``jax.distributed`` is initialised, else 1.
+            ``jax.process_index()`` when ``jax.distributed`` is initialised, else to
+            ``torch.distributed.get_rank()`` when its default process group is, else 0.
+        world_size: the number of ranks; defaults to ``jax.process_count()`` or
+            ``torch.distributed.get_world_size()`` the same way, else 1.
         dp_rank: this rank's data-parallel group (default: ``rank``); model-parallel peers
             of one group read the same lanes.
         dp_size: the number of data-parallel groups (default: ``world_size``); it must
