@@ -578,7 +578,10 @@ def test_good_state_is_what_the_errors_below_change() -> None:
             {"positions": pack_ints(np.array([-1, 0]))},
             r"state positions\[0\] \('0'\) must be >= 0; got -1",
         ),
-        ({"next_chunk_id": 1.5}, r"state next_chunk_id must be an int in \[0, \d+\); got float 1.5"),
+        (
+            {"next_chunk_id": 1.5},
+            r"state next_chunk_id must be an int in \[0, \d+\); got float 1.5",
+        ),
         ({"carry": b"\x00\x00\xc0\x7f" * 2}, "state carry must be finite float32s"),
         ({"virtual_time": 3}, "state virtual_time must be a finite float; got 3"),
         ({"virtual_time": math.inf}, "state virtual_time must be a finite float; got inf"),
