@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 import zephon as zp
-from zephon.testing import assert_resumes_exactly, take
+from zephon.checkpoint.state import merge_states
+from zephon.testing import assert_resumes_exactly, assert_same_batches, roundtrip, take
 
 Image = pytest.importorskip("PIL.Image", reason="pip install zephon[media]")
 av = pytest.importorskip("av", reason="pip install zephon[media]")
@@ -295,3 +296,194 @@ def test_a_missing_media_library_is_named(monkeypatch: pytest.MonkeyPatch) -> No
         DecodeImage("jpg").decode(b"")
     with pytest.raises(ImportError, match=re.escape("decode_video needs av (PyAV); install it")):
         DecodeVideo("mp4").decode(b"")
+
+
+# ---- Media packing: captions with images, packed beside their tokens -------------------------
+
+#: The image placeholder token (one past the byte tokenizer's ids) and how many stand for
+#: one image in a caption's tokens.
+IMAGE_ID = zp.ByteTokenizer.vocab_size
+PATCHES = 4
+MAX_IMAGES = 2
+SEQ = 64
+
+
+class PlaceholderTokenizer:
+    """Bytes, with each ``<image>`` in the text becoming ``PATCHES`` ``IMAGE_ID`` tokens."""
+
+    def __init__(self) -> None:
+        self.bytes = zp.ByteTokenizer(add_eos=False)
+
+    def encode(self, text: str) -> np.ndarray:
+        parts = text.split("<image>")
+        out = [self.bytes.encode(parts[0])]
+        for part in parts[1:]:
+            out += [np.full(PATCHES, IMAGE_ID, np.int32), self.bytes.encode(part)]
+        return np.concatenate(out)
+
+    def __repr__(self) -> str:  # what the fingerprint reads
+        return f"PlaceholderTokenizer(image_id={IMAGE_ID}, patches={PATCHES})"
+
+
+def caption_and_crop(data: Any, rng: np.random.Generator) -> dict[str, Any]:
+    """A decoded image sample: randomly cropped (as ``random_resized_crop``), its caption
+    led by an ``<image>`` placeholder; a text document (a str) as it is."""
+    if isinstance(data, str):
+        return {"text": data}
+    crop = random_resized_crop(data, rng)
+    return {"image": crop["image"], "text": f"<image>photo {data['__key__']}"}
+
+
+def text_corpus(folder: Path) -> Path:
+    path = folder / "text.jsonl"
+    lines = [f'{{"text": "plain text document {i} {"words " * (i % 7)}"}}' for i in range(30)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def build_packed(
+    shards: list[Path],
+    workers: int,
+    text: Path | None = None,
+    num_epochs: int | None = None,
+    **pipeline: Any,
+) -> zp.Pipeline:
+    """Shards -> decode -> random crop -> tokens with placeholders -> split -> pack with
+    media -> batch; with ``text``, a mixture of the image shards and that text corpus."""
+    datasets: list[Any] = [zp.TarShardSource([str(p) for p in shards], members=("jpg",))]
+    if text is not None:
+        datasets.append(zp.JsonlSource(text, field="text"))
+    src = zp.StaticMixtureWorkSource(
+        datasets, seed=5, chunk_size=4, num_epochs=num_epochs, weights=None
+    )
+    pipe = zp.Pipeline(
+        src,
+        canonical_replicas=2,
+        workers=workers,
+        worker_start_method="forkserver",
+        worker_timeout_s=60,
+        seed=11,
+        flush_every_k_chunks=3,
+        **pipeline,
+    ).fetch()
+    # The text corpus's samples have no image: on_missing="pass" lets them through.
+    missing = "error" if text is None else "pass"
+    pipe = pipe.decode_image("jpg", to="image", on_missing=missing)
+    pipe = pipe.random_map(caption_and_crop).tokenize(PlaceholderTokenizer())
+    pipe = pipe.split(max_len=32).pack(
+        SEQ, num_bins=3, media={"image": (CROP, CROP, 3)}, max_media=MAX_IMAGES
+    )
+    return pipe.batch(2, drop_last=False)
+
+
+def check_rows(batches: list[dict[str, np.ndarray]]) -> int:
+    """Every item sits in a row whose segment of that id holds exactly one image's
+    placeholders, and every unused slot is zero: the number of items."""
+    items = 0
+    for b in batches:
+        assert b["image"].shape[1:] == (MAX_IMAGES, CROP, CROP, 3)
+        assert b["image_mask"].dtype == np.bool_ and b["image_segment_ids"].dtype == np.int32
+        for r in range(len(b["tokens"])):
+            mask, segs = b["image_mask"][r], b["image_segment_ids"][r]
+            assert not b["image"][r][~mask].any() and not segs[~mask].any()
+            for seg in segs[mask]:
+                tokens = b["tokens"][r][b["tokens_segment_ids"][r] == seg]
+                assert (tokens == IMAGE_ID).sum() == PATCHES
+            items += int(mask.sum())
+    return items
+
+
+def test_packed_images_each_once_per_epoch_beside_their_placeholders_and_resume(
+    jpeg_shards: list[Path],
+) -> None:
+    """Through decode_image, a random crop, placeholders and pack with media: every image
+    once in an epoch, and a checkpoint of a 2-worker run restores into 1 worker exactly."""
+    reference = assert_resumes_exactly(
+        lambda: build_packed(jpeg_shards, workers=2, num_epochs=1),
+        restore_build=lambda: build_packed(jpeg_shards, workers=1, num_epochs=1),
+        cuts=[0, 4, 100],
+    )
+    assert check_rows(reference) == N_SHARDS * PER_SHARD
+
+
+def test_packed_media_in_a_mixture_with_text_resumes_exactly(
+    jpeg_shards: list[Path], tmp_path: Path
+) -> None:
+    """Decode, random crop, placeholders, pack with media, a mixture with a text corpus and
+    batch: a checkpoint of a 2-worker run restores into 1 worker exactly."""
+    text = text_corpus(tmp_path)
+    with build_packed(jpeg_shards, workers=0, text=text) as pipe:
+        reference = take(pipe, 12)
+    check_rows(reference)
+    assert any(b["image_mask"].all(axis=1).any() for b in reference)  # rows with 2 images
+    assert any((~b["image_mask"]).all(axis=1).any() for b in reference)  # and text-only
+    assert_resumes_exactly(
+        lambda: build_packed(jpeg_shards, workers=2, text=text),
+        restore_build=lambda: build_packed(jpeg_shards, workers=1, text=text),
+        reference=reference,
+        cuts=[0, 3, 7, 12],
+    )
+
+
+def test_packed_media_global_batches_continue_exactly_in_another_rank_count(
+    jpeg_shards: list[Path], tmp_path: Path
+) -> None:
+    """Lockstep global batches of the mixture, ranks simulated in one process: 2 ranks for 3
+    steps, their states merged, then 1 rank: the batches of 1 rank all along."""
+    text = text_corpus(tmp_path)
+
+    def global_batches(world_size: int, steps: int, state: Any = None) -> tuple[list, Any]:
+        pipes = [
+            build_packed(jpeg_shards, 0, text, rank=r, world_size=world_size, output="lockstep")
+            for r in range(world_size)
+        ]
+        try:
+            if state is not None:
+                for p in pipes:
+                    p.restore(state)
+            out = [
+                {k: np.concatenate([b[k] for b in bs]) for k in bs[0]}
+                for bs in ([next(p) for p in pipes] for _ in range(steps))
+            ]
+            return out, merge_states([roundtrip(p.checkpoint()) for p in pipes])
+        finally:
+            for p in pipes:
+                p.close()
+
+    reference, _ = global_batches(1, 7)
+    check_rows(reference)
+    head, merged = global_batches(2, 3)
+    tail, _ = global_batches(1, 4, merged)
+    assert_same_batches(reference, head + tail)
+
+
+def test_on_missing_pass_lets_other_samples_through_and_error_names_the_way(
+    jpeg_shards: list[Path], tmp_path: Path
+) -> None:
+    """A mixture of images and text: decode_image's default refuses a text sample, naming
+    on_missing='pass'; with it, the text samples pass as they came."""
+    text = text_corpus(tmp_path)
+
+    def build(on_missing: str) -> zp.Pipeline:
+        src = zp.StaticMixtureWorkSource(
+            [zp.TarShardSource([str(p) for p in jpeg_shards]), zp.JsonlSource(text, field="text")],
+            seed=0,
+            num_epochs=1,
+        )
+        return (
+            zp.Pipeline(src, canonical_replicas=1)
+            .fetch()
+            .decode_image("jpg", to="image", on_missing=on_missing)
+        )
+
+    with pytest.raises(KeyError, match="on_missing='pass' to let them through undecoded"):
+        with build("error") as pipe:
+            take(pipe, 200)
+    with build("pass") as pipe:
+        samples = take(pipe, 200)
+    texts = [s for s in samples if isinstance(s, str)]
+    images = [s for s in samples if isinstance(s, dict)]
+    assert len(texts) == 30 and len(images) == N_SHARDS * PER_SHARD
+    assert all(s["image"].dtype == np.uint8 and s["image"].ndim == 3 for s in images)
+    with pytest.raises(ValueError, match=r"on_missing=\.\.\.\) must be one of"):
+        build("keep")

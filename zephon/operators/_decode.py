@@ -25,6 +25,7 @@ from zephon.operators.base import (
 from zephon.records import Record, Tombstone
 
 _ON_ERROR = ("raise", "skip")
+_ON_MISSING = ("error", "pass")
 
 
 def media_module(op: str, module: str, package: str) -> Any:
@@ -65,7 +66,14 @@ class Decode(Operator):
         state.pop("_lib", None)  # the module is imported where the operator runs
         return state
 
-    def __init__(self, field: str, to: str | None, on_error: str, parallelism: int = 1) -> None:
+    def __init__(
+        self,
+        field: str,
+        to: str | None,
+        on_error: str,
+        parallelism: int = 1,
+        on_missing: str = "error",
+    ) -> None:
         if not isinstance(field, str) or not field:
             raise TypeError(f"{self.name}(field=...) must be a non-empty str; got {field!r}")
         if to is not None and (not isinstance(to, str) or not to):
@@ -74,9 +82,14 @@ class Decode(Operator):
             raise ValueError(
                 f"{self.name}(on_error=...) must be one of {_ON_ERROR}; got {on_error!r}"
             )
+        if on_missing not in _ON_MISSING:
+            raise ValueError(
+                f"{self.name}(on_missing=...) must be one of {_ON_MISSING}; got {on_missing!r}"
+            )
         self.field = field
         self.to = field if to is None else to
         self.on_error = on_error
+        self.on_missing = on_missing
         self.parallelism = parallelism
         #: Records this process's copy left out with ``on_error="skip"`` (the pipeline's
         #: ``stats()`` shows them as the operator's records in minus records out).
@@ -98,10 +111,15 @@ class Decode(Operator):
             data = r.data
             try:
                 if not isinstance(data, dict) or self.field not in data:
+                    if self.on_missing == "pass":
+                        out.append(r)  # a sample of another kind (a text document)
+                        continue
                     raise KeyError(
                         f"{self.name}: {self._sample(r)} has no field {self.field!r} "
                         f"({data_text(data)}); read it with TarShardSource(members=...) to "
-                        "fail or skip such samples at the source, or pass on_error='skip'"
+                        "fail or skip such samples at the source, pass on_error='skip' to "
+                        "drop them, or on_missing='pass' to let them through undecoded (a "
+                        "mixture with text)"
                     )
                 raw = data[self.field]
                 try:
@@ -146,7 +164,8 @@ class Decode(Operator):
         return f"field={self.field!r}, to={self.to!r}"
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self._params()}, on_error={self.on_error!r})"
+        missing = "" if self.on_missing == "error" else f", on_missing={self.on_missing!r}"
+        return f"{type(self).__name__}({self._params()}, on_error={self.on_error!r}{missing})"
 
 
 def _as_bytes(raw: Any) -> bytes:

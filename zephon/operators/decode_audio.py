@@ -23,8 +23,9 @@ class DecodeAudio(Decode):
         sample_rate: int = 16000,
         on_error: str = "raise",
         parallelism: int = 1,
+        on_missing: str = "error",
     ) -> None:
-        super().__init__(field, to, on_error, parallelism)
+        super().__init__(field, to, on_error, parallelism, on_missing)
         self.sample_rate = positive_int("decode_audio(sample_rate=...)", sample_rate, "Hz")
 
     def decode(self, raw: bytes) -> np.ndarray:

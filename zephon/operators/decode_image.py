@@ -25,8 +25,9 @@ class DecodeImage(Decode):
         draft: tuple[int, int] | None = None,
         on_error: str = "raise",
         parallelism: int = 1,
+        on_missing: str = "error",
     ) -> None:
-        super().__init__(field, to, on_error, parallelism)
+        super().__init__(field, to, on_error, parallelism, on_missing)
         if mode is not None and mode not in _CHANNELS:
             raise ValueError(
                 f"decode_image(mode=...) must be one of {sorted(_CHANNELS)} or None; got {mode!r}"

@@ -34,8 +34,9 @@ class DecodeVideo(Decode):
         num_frames: int = 8,
         on_error: str = "raise",
         parallelism: int = 1,
+        on_missing: str = "error",
     ) -> None:
-        super().__init__(field, to, on_error, parallelism)
+        super().__init__(field, to, on_error, parallelism, on_missing)
         self.num_frames = positive_int("decode_video(num_frames=...)", num_frames)
 
     def decode(self, raw: bytes) -> np.ndarray:

@@ -62,9 +62,14 @@ class Split(Operator):
             )
         chunk_id, offset, _, _ = record.contributors[0]
         ((component, _),) = record.component_tokens.items()
-        # Other features of the same length are cut along; the rest are copied to each piece.
+        # Per-token features (as many dimensions as the feature, and its length) are cut
+        # along; the rest are copied to each piece: an image whose height happens to be the
+        # document's length is not per-token.
+        rank = np.ndim(main)
         aligned = [
-            k for k, v in data.items() if isinstance(v, np.ndarray) and v.ndim >= 1 and len(v) == n
+            k
+            for k, v in data.items()
+            if isinstance(v, np.ndarray) and v.ndim == rank and v.ndim >= 1 and len(v) == n
         ]
         bounds = cut_bounds(n, self.max_len, self.max_len)
         last = len(bounds) - 2

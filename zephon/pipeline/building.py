@@ -109,6 +109,7 @@ class ChainBuilder:
         draft: tuple[int, int] | None = None,
         *,
         on_error: str = "raise",
+        on_missing: str = "error",
         parallelism: int = 1,
     ) -> Self:
         """Decode an image member (JPEG, PNG, WebP, anything Pillow reads) of dict samples,
@@ -142,10 +143,15 @@ class ChainBuilder:
             raises, naming the key, member and shard; ``"skip"``: it is dropped (a
             tombstone, as ``filter`` drops), and ``stats()`` shows it as this operator's
             records in minus records out.
+          on_missing: ``"error"``: a sample without ``field`` is an error (``on_error``
+            then raises or skips it); ``"pass"``: it goes on undecoded, as it came (the
+            text documents of a mixture with image-caption pairs).
           parallelism: threads decoding slices of a chunk at once (Pillow releases the GIL
             while decoding).
         """
-        return self.apply(DecodeImage(field, to, mode, draft, on_error, _parallelism(parallelism)))
+        return self.apply(
+            DecodeImage(field, to, mode, draft, on_error, _parallelism(parallelism), on_missing)
+        )
 
     def decode_video(
         self,
@@ -154,15 +160,18 @@ class ChainBuilder:
         num_frames: int = 8,
         *,
         on_error: str = "raise",
+        on_missing: str = "error",
         parallelism: int = 1,
     ) -> Self:
         """Decode a video member (MP4, WebM, ... through PyAV) into ``num_frames`` uint8 RGB
         frames, a ``(T, H, W, 3)`` array. The frames are chosen evenly over the clip, first
         and last included (repeated when the clip is shorter), so the same bytes always give
         the same frames; draw random clips in a ``random_map`` after it. Needs PyAV
-        (``pip install zephon[media]``). ``to``, ``on_error`` and ``parallelism`` as for
-        :meth:`decode_image`."""
-        return self.apply(DecodeVideo(field, to, num_frames, on_error, _parallelism(parallelism)))
+        (``pip install zephon[media]``). ``to``, ``on_error``, ``on_missing`` and
+        ``parallelism`` as for :meth:`decode_image`."""
+        return self.apply(
+            DecodeVideo(field, to, num_frames, on_error, _parallelism(parallelism), on_missing)
+        )
 
     def decode_audio(
         self,
@@ -171,14 +180,17 @@ class ChainBuilder:
         sample_rate: int = 16000,
         *,
         on_error: str = "raise",
+        on_missing: str = "error",
         parallelism: int = 1,
     ) -> Self:
         """Decode an audio member (WAV, FLAC, MP3, Opus, ... through PyAV) into mono float32
         samples at ``sample_rate`` Hz, a ``(num_samples,)`` array (its length follows the
         clip's: trim or pad it in a ``map`` before ``batch``). Needs PyAV (``pip install
-        zephon[media]``). ``to``, ``on_error`` and ``parallelism`` as for
+        zephon[media]``). ``to``, ``on_error``, ``on_missing`` and ``parallelism`` as for
         :meth:`decode_image`."""
-        return self.apply(DecodeAudio(field, to, sample_rate, on_error, _parallelism(parallelism)))
+        return self.apply(
+            DecodeAudio(field, to, sample_rate, on_error, _parallelism(parallelism), on_missing)
+        )
 
     def filter(self, pred: Callable[[Any], bool]) -> Self:
         """Keep records whose data satisfies ``pred``; the rest become tombstones."""
@@ -209,9 +221,9 @@ class ChainBuilder:
     def split(self, max_len: int, feature: str = "tokens") -> Self:
         """Returns a pipeline whose samples are cut into pieces of at most ``max_len``.
 
-        ``feature`` sets the length; every other array of that same length (a per-token
-        feature: targets, a loss mask) is cut at the same places, and every other field is
-        copied to each piece. Piece ``i`` of ``n`` is child ``i`` of the sample, the last
+        ``feature`` sets the length; every other array of that same length and as many
+        dimensions (a per-token feature: targets, a loss mask) is cut at the same places,
+        and every other field (an image, whatever its height) is copied to each piece. Piece ``i`` of ``n`` is child ``i`` of the sample, the last
         flagged, so completion tracking knows when a sample is whole.
 
         Example usage::
@@ -242,6 +254,8 @@ class ChainBuilder:
         bos_id: int | None = None,
         bos_handling: str | None = None,
         order: str = "filled",
+        media: Mapping[str, Any] | None = None,
+        max_media: int | None = None,
     ) -> Self:
         """Returns a pipeline of rows of ``seq_len`` tokens packed from several pieces.
 
@@ -310,6 +324,19 @@ class ChainBuilder:
             source dealt (with ``weight_unit="tokens"``: within 0.5 points of the weights over
             windows of 100 batches in ``benchmarks.mixture_fidelity``, against 1.2 filled).
             It costs the waiting rows' memory (their pieces), never padding.
+          media: media features carried beside the tokens, each with the shape of one item:
+            ``{"image": (224, 224, 3)}`` (uint8) or ``{"audio": ((16000,), "float32")}``. A
+            record holds one item (an array of that shape), ``k`` items (``[k, *shape]``) or
+            a list of items; a record without the field (a text document) holds none. A row
+            gets ``image`` ``[max_media, *shape]`` (its items in piece order, zeros after),
+            ``image_mask`` ``[max_media]`` (bool, True on an item) and
+            ``image_segment_ids`` ``[max_media]`` (int32: the segment id of the item's
+            document in ``tokens_segment_ids``, 0 where unused); ``batch`` stacks them
+            (``[B, max_media, *shape]``). A document goes only to a row with room for its
+            tokens and its items; with ``split`` before pack its items go with its first
+            piece alone. See the multimodal guide.
+          max_media: the items of each media feature a row holds (needed with ``media``);
+            a document with more is a ``ValueError``.
 
         Returns:
           A pipeline of dicts of arrays of shape ``(seq_len,)``; a packed record's identity
@@ -336,6 +363,8 @@ class ChainBuilder:
                 bos_id=bos_id,
                 bos_handling=bos_handling,
                 order=order,
+                media=media,
+                max_media=max_media,
             )
         )
 

@@ -8,7 +8,10 @@ and positions go with every packed feature, meta features and broadcast fields (
 per piece, repeated over its tokens) without them, ``component_feature`` gives each token's
 mixture component, and with a BOS id each piece's first token of every packed feature is
 replaced by it. Pad and BOS values are checked to fit the feature's dtype exactly, once per
-feature and dtype.
+feature and dtype. Each media feature ``m`` gives ``m`` (``[max_media, *shape]``: the
+pieces' items one after another, zeros after them), ``m_mask`` (``[max_media]`` bool, True
+on an item) and ``m_segment_ids`` (``[max_media]`` int32: the segment id of the item's
+piece, 0 where unused).
 
 A :class:`PackedRow` is the record of such a row, assembled only when its data is first
 read, or written straight into a row of a batch's arrays (its assembler's
@@ -17,7 +20,8 @@ restore never is.
 
 The C version (``zephon._pack.assemble_rows``, ``native/pack_module.c``) covers rows of
 packed and meta features only, whose pieces are 1-D contiguous arrays of one dtype per
-feature; numpy assembles every other row, and every row with ``ZEPHON_PURE_PYTHON=1``.
+feature; numpy assembles every other row, and every row with ``ZEPHON_PURE_PYTHON=1``. Media
+is written by numpy in either case, straight into the row's (or the batch's) arrays.
 """
 
 from __future__ import annotations
@@ -131,6 +135,8 @@ class RowAssembler:
         "_pad_items",
         "_layouts",
         "names",
+        "media",
+        "max_media",
     )
 
     def __init__(
@@ -142,8 +148,13 @@ class RowAssembler:
         component_feature: str | None,
         bos_id: int | None,
         pad_values: Mapping[str, Any] | None,
+        media: Mapping[str, tuple[tuple[int, ...], np.dtype]] | None = None,
+        max_media: int = 0,
     ) -> None:
         self.seq_len = seq_len
+        #: Media feature -> (item shape, dtype); each piece's items follow its columns.
+        self.media = dict(media or {})
+        self.max_media = max_media
         self.features = features
         self.broadcast = broadcast
         self.component_feature = component_feature
@@ -153,12 +164,15 @@ class RowAssembler:
         outputs = [n for f in features for n in (f, f"{f}_segment_ids", f"{f}_positions")]
         outputs += [*meta_features, *broadcast]
         outputs += [component_feature] if component_feature is not None else []
+        outputs += [n for m in self.media for n in (m, f"{m}_mask", f"{m}_segment_ids")]
         repeated = sorted({n for n in outputs if outputs.count(n) > 1})
         if repeated:
             raise ValueError(
                 f"pack would emit {repeated} more than once (features {list(features)}, "
                 f"meta_features {list(meta_features)}, broadcast {list(broadcast)}, "
-                f"component_feature {component_feature!r}); give each feature one role"
+                f"component_feature {component_feature!r}"
+                + (f", media {list(self.media)}" if self.media else "")
+                + "); give each feature one role"
             )
         pads = dict(pad_values or {})
         if pad_values is not None and not isinstance(pad_values, Mapping):
@@ -277,7 +291,44 @@ class RowAssembler:
             buf = np.full(self.seq_len, self._component_pad, dtype=np.int32)
             buf[:total] = np.repeat(comps, lens)
             data[self.component_feature] = buf
+        if self.media:
+            data.update(self._media_row(arrays, lengths))
         return data
+
+    def _media_row(self, arrays: Sequence[Any], lengths: Sequence[int]) -> dict[str, np.ndarray]:
+        """The media arrays of one row (its pieces' ``arrays`` and ``lengths``)."""
+        out = {}
+        m = self.max_media
+        for name, (shape, dtype) in self.media.items():
+            out[name] = np.empty((m, *shape), dtype=dtype)
+            out[name + "_mask"] = np.empty(m, dtype=np.bool_)
+            out[name + "_segment_ids"] = np.empty(m, dtype=np.int32)
+        self._write_media(arrays, lengths, out)
+        return out
+
+    def _write_media(
+        self, arrays: Sequence[Any], lengths: Sequence[int], out: dict[str, np.ndarray]
+    ) -> None:
+        """One row's media (its pieces' ``arrays`` and ``lengths``) into ``out`` (one row
+        of each media array, written whole: it may come uninitialised, from the ring). The
+        segment ids count the pieces with tokens, as the tokens' do."""
+        at = len(self.columns)
+        for i, name in enumerate(self.media):
+            items, mask, segs = out[name], out[name + "_mask"], out[name + "_segment_ids"]
+            used = seg = 0
+            for a, n in zip(arrays, lengths, strict=True):
+                seg += n > 0
+                got = a[at + i]
+                if got is None:
+                    continue
+                k = len(got)
+                items[used : used + k] = got
+                segs[used : used + k] = seg
+                used += k
+            items[used:] = 0
+            segs[used:] = 0
+            mask[:used] = True
+            mask[used:] = False
 
     def _one_dtype(
         self,
@@ -340,6 +391,8 @@ class RowAssembler:
             return None
         data = {name: np.empty(self.seq_len, dtype=dtype) for name, dtype in layout}
         self._write([pieces], {name: a[np.newaxis] for name, a in data.items()})
+        if self.media:
+            data.update(self._media_row(*columns(pieces)[:2]))
         return data
 
     def parts(self, records: Sequence[PackedRow]) -> tuple[list[Contributor], dict[int, int]]:
@@ -389,13 +442,27 @@ class RowAssembler:
             if j < n_features:
                 layout += [(name + "_segment_ids", _INT32), (name + "_positions", _INT32)]
         shape = (self.seq_len,)
-        known = self._layouts[formats] = (layout, [(n, shape, dtype) for n, dtype in layout])
+        rows_layout: list[tuple[str, tuple[int, ...], np.dtype]] = [
+            (n, shape, dtype) for n, dtype in layout
+        ]
+        m = self.max_media
+        for name, (item, dtype) in self.media.items():
+            rows_layout.append((name, (m, *item), dtype))
+            rows_layout.append((name + "_mask", (m,), np.dtype(np.bool_)))
+            rows_layout.append((name + "_segment_ids", (m,), _INT32))
+        known = self._layouts[formats] = (layout, rows_layout)
         return known
 
     def write_rows(self, records: Sequence[PackedRow], out: dict[str, np.ndarray]) -> None:
         """Writes the rows of ``records`` (whose :meth:`batch_layout` is ``out``'s) into
-        ``out`` (an array of ``(len(records), seq_len)`` per name), one C call a feature."""
-        self._write([r._pieces for r in records], out)
+        ``out`` (an array of ``(len(records), seq_len)`` per name), one C call a feature
+        (and media, in numpy, straight into ``out``'s rows)."""
+        rows = [r._pieces for r in records]
+        self._write(rows, out)
+        if self.media:
+            names = [n for m in self.media for n in (m, f"{m}_mask", f"{m}_segment_ids")]
+            for r, pieces in enumerate(rows):
+                self._write_media(*columns(pieces)[:2], {k: out[k][r] for k in names})
 
     def _write(self, rows: list[list[Piece]], out: dict[str, np.ndarray]) -> None:
         """Rows (each its pieces) into ``out`` (``(len(rows), seq_len)`` per name) with

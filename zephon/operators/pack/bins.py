@@ -21,17 +21,27 @@ _NATIVE = load("_pack")  # bin_rows in C
 
 
 class Bins:
-    """One lane's open bins: their token and piece counts (what placement reads) and the
-    pieces each holds; with ``order="arrival"`` also the arrival number of each bin's first
-    piece (-1: empty), the pieces that have arrived since the last flush, and the emptied
-    rows waiting for an older open bin (a heap by their first pieces' arrival numbers,
-    which no two rows share)."""
+    """One lane's open bins: their token and piece counts and, with media, their taken
+    media slots per media feature (what placement reads), and the pieces each holds; with
+    ``order="arrival"`` also the arrival number of each bin's first piece (-1: empty), the
+    pieces that have arrived since the last flush, and the emptied rows waiting for an older
+    open bin (a heap by their first pieces' arrival numbers, which no two rows share)."""
 
-    __slots__ = ("fill", "segments", "pieces", "first", "arrived", "waiting", "waiting_pieces")
+    __slots__ = (
+        "fill",
+        "segments",
+        "media",
+        "pieces",
+        "first",
+        "arrived",
+        "waiting",
+        "waiting_pieces",
+    )
 
-    def __init__(self, num_bins: int) -> None:
+    def __init__(self, num_bins: int, media_features: int = 0) -> None:
         self.fill = np.zeros(num_bins, dtype=np.int64)
         self.segments = np.zeros(num_bins, dtype=np.int64)
+        self.media = np.zeros((num_bins, media_features), dtype=np.int64)
         self.pieces: list[list[Piece]] = [[] for _ in range(num_bins)]
         self.first = [-1] * num_bins
         self.arrived = 0

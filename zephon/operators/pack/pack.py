@@ -21,6 +21,16 @@ order their pieces came in; in arrival order the token share of each component o
 batches follows what the work source dealt. Waiting rows are lane state like the bins
 (rebuilt by replay, never saved) and leave by the next flush at the latest.
 
+Media (``media={"image": (224, 224, 3)}, max_media=M``) rides beside the tokens: a piece
+brings its document's items of each media feature, a bin has ``M`` slots per feature, and
+a piece goes only to a bin where its tokens and its items both fit (see
+:mod:`~zephon.operators.pack.placement`). A row holds ``image`` ``[M, 224, 224, 3]`` (the
+row's items in piece order, zeros after them), ``image_mask`` ``[M]`` (bool, True on an
+item) and ``image_segment_ids`` ``[M]`` (int32, the segment id of the item's piece, as in
+``tokens_segment_ids``; 0 where unused). A document's items go with its first piece only:
+``split`` copies fields that are not per-token to every piece, and pack keeps them from
+piece 0 alone (``concat_then_split`` gives them to a cut document's head).
+
 A packed record is assembled when its data is first read (by
 :mod:`~zephon.operators.pack.assembly`, the counterpart of placement): one that the replay filter
 drops after a restore never is, and a piece whose arrays are lazy (see
@@ -32,12 +42,19 @@ from __future__ import annotations
 import heapq
 import operator
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
 from zephon.errors import ContractViolation
-from zephon.operators.base import LaneStateOperator, OpTraits, Output, PipelineContext, data_text
+from zephon.operators.base import (
+    LaneStateOperator,
+    OpTraits,
+    Output,
+    PipelineContext,
+    data_text,
+    sample_text,
+)
 from zephon.operators.pack.assembly import _SCALARS, PackedRow, Piece, RowAssembler
 from zephon.operators.pack.bins import Bins, bin_rows, compact, grouped, rows_of
 from zephon.operators.pack.placement import CONCAT_THEN_SPLIT, STRATEGIES, place
@@ -53,6 +70,9 @@ ORDERS = ("filled", "arrival")
 #: them. (Long before that a row stops fitting in memory: ``seq_len=2**40`` asks for 4 TiB an
 #: int32 feature a row.)
 MAX_SEQ_LEN = 2**31 - 1
+#: The dtype of a media item declared by its shape alone (what decode_image and
+#: decode_video write).
+MEDIA_DTYPE: np.dtype = np.dtype(np.uint8)
 
 
 class Pack(LaneStateOperator):
@@ -74,6 +94,8 @@ class Pack(LaneStateOperator):
         bos_id: int | None = None,
         bos_handling: str | None = None,
         order: str = "filled",
+        media: Mapping[str, Any] | None = None,
+        max_media: int | None = None,
     ) -> None:
         super().__init__()
         if not _is_int(seq_len) or seq_len < 1:
@@ -161,6 +183,9 @@ class Pack(LaneStateOperator):
                 f"pack(order=...) must be one of {', '.join(map(repr, ORDERS))}; got {order!r}"
             )
         self.order = order
+        #: Media feature -> (item shape, dtype); see :func:`media_specs`.
+        self.media = media_specs(media, max_media)
+        self.max_media = max_media if self.media else None
         #: Rows are held back for order: with one bin they always leave in arrival order.
         self._in_order = order == "arrival" and num_bins > 1
         #: Makes the rows of the bins this pack empties (and checks what only rows read).
@@ -172,21 +197,30 @@ class Pack(LaneStateOperator):
             component_feature,
             bos_id,
             pad_values,
+            self.media,
+            self.max_media or 0,
         )
         #: What a piece carries, in order: features, meta features, broadcast fields.
         self.columns = self.rows.columns
         self.pad_values = self.rows.pad_values
         self._n_arrays = len(self.features) + len(self.meta_features)
+        self._n_columns = len(self.columns)
         self._cuts = cuts
         self._max_segments = max_segments or 0
         #: One array column, no cuts: the common case, checked with no call per record.
-        self._simple = len(self.columns) == 1 and not cuts
+        self._simple = len(self.columns) == 1 and not cuts and not self.media
 
     @property
     def fusable(self) -> bool:
         """Whether :class:`~zephon.operators.pack.fused.SplitPack` may stand for ``split`` and
-        this pack: one packed feature, ``"tokens"``, and pieces that are never cut."""
-        return self.features == ("tokens",) and len(self.columns) == 1 and not self._cuts
+        this pack: one packed feature, ``"tokens"``, no media, and pieces that are never
+        cut."""
+        return (
+            self.features == ("tokens",)
+            and len(self.columns) == 1
+            and not self._cuts
+            and not self.media
+        )
 
     def _length(self, record: Record) -> int:
         data = record.data
@@ -252,7 +286,101 @@ class Pack(LaneStateOperator):
         n = self._length(record)
         arrays = [data[f] for f in self.columns[: self._n_arrays]]
         arrays += [self._scalar(data, key) for key in self.broadcast]
+        if self.media:
+            arrays += self._media_of(record, n)
         return Piece(record.contributors, record.component_tokens, tuple(arrays), n)
+
+    def _media_of(self, record: Record, n: int) -> list[np.ndarray | None]:
+        """The record's items of each media feature, as ``[k, *shape]`` arrays (None: no
+        item); none for a piece after a document's first (``split`` copied its fields to
+        every piece: the items go with the first alone)."""
+        first = record.contributors[0]
+        if first[2] != 0:
+            return [None] * len(self.media)
+        data = record.data
+        out: list[np.ndarray | None] = []
+        for name, (shape, dtype) in self.media.items():
+            value = data.get(name) if isinstance(data, dict) else None
+            items = None if value is None else self._items(record, name, value, shape, dtype, n)
+            out.append(items)
+        return out
+
+    def _items(
+        self, record: Record, name: str, value: Any, shape: tuple[int, ...], dtype: np.dtype, n: int
+    ) -> np.ndarray | None:
+        """``value`` (one item, ``[k, *shape]`` items or a list of items) as ``[k, *shape]``
+        items of ``dtype``, checked; None for no item."""
+        declared = f"pack(media={{{name!r}: {shape}}})"
+        if isinstance(value, (list, tuple)):
+            if not value:
+                return None
+            parts = [np.asarray(v) if not isinstance(v, np.ndarray) else v for v in value]
+            for part in parts:
+                if part.shape != shape:
+                    self._bad_shape(record, name, part.shape, shape, n, "an item of a list")
+                self._check_dtype(record, name, part.dtype, dtype)
+            items = np.stack(parts)
+        elif isinstance(value, np.ndarray):
+            if value.shape == shape:
+                items = value[np.newaxis]
+            elif value.ndim == len(shape) + 1 and value.shape[1:] == shape:
+                items = value
+            else:
+                self._bad_shape(record, name, value.shape, shape, n, "an array")
+            self._check_dtype(record, name, value.dtype, dtype)
+        else:
+            raise ValueError(
+                f"pack: media feature {name!r} of {self._where(record)} is "
+                f"{type(value).__name__}; {declared} takes an array of one item {shape}, "
+                f"an array of k items (k, {', '.join(map(str, shape))}), or a list of items "
+                "(decode it first, e.g. .decode_image(...))"
+            )
+        k = len(items)
+        if k == 0:
+            return None
+        if k > (self.max_media or 0):
+            raise ValueError(
+                f"pack: {self._where(record)} has {k} items of media feature {name!r}, more "
+                f"than pack(max_media={self.max_media}) slots a row has; raise max_media to "
+                f"at least {k}, or keep fewer items per document in .map()"
+            )
+        if n == 0:
+            raise ValueError(
+                f"pack: {self._where(record)} has {k} items of media feature {name!r} and no "
+                "tokens; an item belongs to the segment of its document's tokens: give the "
+                "document its placeholder tokens"
+            )
+        return items
+
+    def _bad_shape(
+        self,
+        record: Record,
+        name: str,
+        got: tuple[int, ...],
+        shape: tuple[int, ...],
+        n: int,
+        what: str,
+    ) -> NoReturn:
+        raise ValueError(
+            f"pack: media feature {name!r} of {self._where(record)} is {what} of shape "
+            f"{got}, where pack(media={{{name!r}: {shape}}}) takes items of shape {shape} "
+            f"(one item {shape}, k items (k, {', '.join(map(str, shape))}), or a list of "
+            f"items); every item of a feature has one shape: resize them to {shape} in "
+            f".map() or .random_map(), or declare the shape they have"
+        )
+
+    def _check_dtype(self, record: Record, name: str, got: np.dtype, dtype: np.dtype) -> None:
+        if got != dtype:
+            raise ValueError(
+                f"pack: media feature {name!r} of {self._where(record)} is {got}, where "
+                f"pack(media=...) declares {dtype}; cast it in .map() (e.g. "
+                f"np.asarray(x, {str(dtype)!r})), or declare ({{...}}: (shape, {str(got)!r}))"
+            )
+
+    def _where(self, record: Record) -> str:
+        return sample_text(
+            record.lane, record.contributors[0], record.component_tokens, self.rows.names
+        )
 
     def process(self, record: Record) -> Iterable[Output]:
         return self.place(record.lane, [self.piece(record)])
@@ -276,7 +404,7 @@ class Pack(LaneStateOperator):
         """``lane``'s open bins (made empty on first use)."""
         bins = self._lanes.get(lane)
         if bins is None:
-            bins = self._lanes[lane] = Bins(self.num_bins)
+            bins = self._lanes[lane] = Bins(self.num_bins, len(self.media))
         return bins  # type: ignore[no-any-return]
 
     def place(self, lane: int, pieces: list[Piece]) -> list[Output]:
@@ -285,9 +413,20 @@ class Pack(LaneStateOperator):
             return []
         bins = self.bins(lane)
         lengths = np.fromiter(map(_LENGTH, pieces), dtype=np.int64, count=len(pieces))
-        decided = place(
-            self.strategy, bins.fill, bins.segments, lengths, self.seq_len, self._max_segments
-        )
+        if self.media:
+            at = self._n_columns
+            counts = np.array(
+                [[0 if a is None else len(a) for a in p.arrays[at:]] for p in pieces],
+                dtype=np.int64,
+            ).reshape(len(pieces), len(self.media))
+            decided = place(
+                self.strategy, bins.fill, bins.segments, lengths, self.seq_len,
+                self._max_segments, counts, bins.media, self.max_media or 0,
+            )  # fmt: skip
+        else:
+            decided = place(
+                self.strategy, bins.fill, bins.segments, lengths, self.seq_len, self._max_segments
+            )
         held = bins.pieces
         if self._in_order or self._cuts:
             placed = self._placed(pieces, decided)
@@ -371,11 +510,14 @@ class Pack(LaneStateOperator):
         (component,) = p.component_tokens
         bounds = cut_bounds(p.length, self.seq_len, head)
         last = len(bounds) - 2
-        arrays, n_arrays = p.arrays, self._n_arrays
+        arrays, n_arrays, n_columns = p.arrays, self._n_arrays, self._n_columns
         out = []
         for j in range(last + 1):
             lo, hi = bounds[j], bounds[j + 1]
-            part = tuple(a[lo:hi] if c < n_arrays else a for c, a in enumerate(arrays))
+            part = tuple(
+                a[lo:hi] if c < n_arrays else a if c < n_columns or j == 0 else None
+                for c, a in enumerate(arrays)
+            )  # a document's media goes with its head
             piece = Piece(
                 [Contributor(chunk_id, offset, j, j == last)], {component: hi - lo}, part, hi - lo
             )
@@ -406,6 +548,7 @@ class Pack(LaneStateOperator):
             held[b] = []
         bins.fill[:] = 0
         bins.segments[:] = 0
+        bins.media[:] = 0
         if reset:
             del self._lanes[lane_id]
         return out
@@ -435,10 +578,70 @@ class Pack(LaneStateOperator):
             extra += f", bos_id={self.bos_id!r}, bos_handling={self.bos_handling!r}"
         if self.order != "filled":
             extra += f", order={self.order!r}"
+        if self.media:
+            specs = ", ".join(f"{k!r}: ({v[0]}, {str(v[1])!r})" for k, v in self.media.items())
+            extra += f", media={{{specs}}}, max_media={self.max_media}"
         return (
             f"Pack(seq_len={self.seq_len}, num_bins={self.num_bins}, "
             f"features={list(self.features)}{extra})"
         )
+
+
+def media_specs(
+    media: Mapping[str, Any] | None, max_media: int | None
+) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """``pack(media=..., max_media=...)`` checked: media feature -> (item shape, dtype),
+    from ``{name: shape}`` (uint8, :data:`MEDIA_DTYPE`) or ``{name: (shape, dtype)}``."""
+    example = "media={'image': (224, 224, 3)}, max_media=4"
+    if media is None:
+        if max_media is not None:
+            raise ValueError(
+                f"pack(max_media={max_media!r}) needs media=...: name the media features "
+                f"and their item shapes, e.g. pack(..., {example})"
+            )
+        return {}
+    if not isinstance(media, Mapping):
+        raise ValueError(
+            f"pack(media=...) must be a dict of media feature -> item shape (uint8) or "
+            f"(shape, dtype); got {media!r}: a row without media still holds the feature's "
+            f"[max_media, *shape] zeros, so pack needs the shape, e.g. pack(..., {example})"
+        )
+    if not media:
+        raise ValueError(f"pack(media={{}}) names no feature; leave media out, or {example}")
+    if not _is_int(max_media) or max_media < 1:  # type: ignore[operator]
+        raise ValueError(
+            f"pack(media=...) needs max_media=<int >= 1>, the items of each media feature a "
+            f"row holds; got max_media={max_media!r}"
+        )
+    specs = {}
+    for name, spec in media.items():
+        if not (isinstance(name, str) and name):
+            raise ValueError(f"pack(media=...) keys must be feature names; got {name!r}")
+        shape, dtype = spec, np.dtype(MEDIA_DTYPE)
+        if (
+            isinstance(spec, tuple)
+            and len(spec) == 2
+            and isinstance(spec[0], (tuple, list))
+            and not _is_int(spec[1])
+        ):
+            shape, given = spec
+            try:
+                dtype = np.dtype(given)
+            except TypeError as e:
+                raise ValueError(
+                    f"pack(media={{{name!r}: {spec!r}}}): {given!r} is not a numpy dtype; give "
+                    "one such as 'uint8' or 'float32'"
+                ) from e
+        if not (
+            isinstance(shape, (tuple, list)) and shape and all(_is_int(d) and d >= 1 for d in shape)
+        ):
+            raise ValueError(
+                f"pack(media={{{name!r}: {spec!r}}}): give the shape of one item as a tuple "
+                f"of positive ints, e.g. (224, 224, 3) for HWC images (uint8), or "
+                f"((16000,), 'float32') with a dtype"
+            )
+        specs[name] = (tuple(int(d) for d in shape), dtype)
+    return specs
 
 
 def _is_int(value: Any) -> bool:
