@@ -82,7 +82,9 @@ def random_resized_crop(data: dict[str, Any], rng: np.random.Generator) -> dict[
     return {"image": np.ascontiguousarray(out), "index": np.int64(int(data["__key__"]))}
 
 
-def build(shards: list[Path], workers: int, num_epochs: int | None = 1) -> zp.Pipeline:
+def build(
+    shards: list[Path], workers: int, num_epochs: int | None = 1, **options: Any
+) -> zp.Pipeline:
     src = zp.StaticMixtureWorkSource(
         [zp.TarShardSource([str(p) for p in shards], members=("jpg",))],
         seed=5,
@@ -96,6 +98,7 @@ def build(shards: list[Path], workers: int, num_epochs: int | None = 1) -> zp.Pi
         worker_start_method="forkserver",
         worker_timeout_s=60,
         seed=11,
+        **options,
     )
     return (
         pipe.fetch()
@@ -487,3 +490,39 @@ def test_on_missing_pass_lets_other_samples_through_and_error_names_the_way(
     assert all(s["image"].dtype == np.uint8 and s["image"].ndim == 3 for s in images)
     with pytest.raises(ValueError, match=r"on_missing=\.\.\.\) must be one of"):
         build("keep")
+
+
+def _shared_ranges() -> list[tuple[int, int]]:
+    """This process's mappings of Zephon's shared-memory segments (the rings)."""
+    out = []
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split()
+            if len(fields) >= 6 and "zephon-ring" in fields[5]:  # /memfd:zephon-ring-<k>
+                lo, hi = (int(v, 16) for v in fields[0].split("-"))
+                out.append((lo, hi))
+    return out
+
+
+@pytest.mark.parametrize("zero_copy", [True, False])
+def test_decoded_batches_reach_the_consumer_from_the_ring_without_a_copy(
+    jpeg_shards: list[Path], zero_copy: bool
+) -> None:
+    """Batches of decoded, cropped images are stacked by the worker into its ring slot; with
+    zero_copy=True the consumer's arrays are that slot's memory (no copy in the parent),
+    else one copy each, outside the ring. The same pixels either way."""
+
+    def run(zero_copy: bool) -> list[dict[str, np.ndarray]]:
+        pipe = build(jpeg_shards, workers=2, zero_copy=zero_copy)
+        got = []
+        with pipe:
+            for batch in pipe:
+                image = batch["image"]
+                inside = any(lo <= image.ctypes.data < hi for lo, hi in _shared_ranges())
+                assert inside is zero_copy and image.flags.owndata is not zero_copy
+                got.append({k: v.copy() for k, v in batch.items()})
+        return got
+
+    with build(jpeg_shards, workers=0) as pipe:
+        reference = take(pipe)
+    assert_same_batches(reference, run(zero_copy))
