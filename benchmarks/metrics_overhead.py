@@ -4,10 +4,14 @@ seconds, against the same pipeline without an endpoint, in process and with 2 wo
 
 Candidates alternate (off on off on ..., rotated each round) and each reports its median;
 the ratio on/off per worker count is the headline (goal: >= 0.98), also as the median
-of the rounds' ratios (each round runs both, one after the other). The figures the
-endpoint reads are kept by the engine whether or not it serves them (a bucket increment
-and a per-component sum a batch), so "off" already carries those; their cost per
-``next()`` is printed separately from a micro-benchmark of exactly those lines.
+of the rounds' ratios (each round runs both, one after the other), and as the ratio of
+CPU seconds (parent and workers) per batch, off over on, round by round: on a machine
+whose cores other work takes, wall time swings by 2x between rounds, CPU time per batch
+much less. The figures the endpoint reads are kept by the engine whether or not it serves
+them (a bucket increment, a per-component sum and the documents per component a batch;
+the bytes read per source travel with the operators' counters), so "off" already carries
+those; their cost per ``next()`` is printed separately from a micro-benchmark of exactly
+that code, and so is the cost of one scrape.
 
     python -m benchmarks.metrics_overhead [--quick] [--repeats N] [--batches N]
 """
@@ -61,10 +65,18 @@ class _Scraped:
         self.pipe.close()
 
 
-def _hot_path_ns(n: int = 200_000) -> float:
-    """What the engine adds to each next() for the metrics: one histogram bucket and the
-    batch's tokens per component (two components), in ns."""
-    from zephon.pipeline.engine import WAIT_BUCKETS_S
+def _hot_path_ns(n: int = 200_000) -> tuple[float, float]:
+    """What the engine adds to each next() for the metrics, in ns: one histogram bucket
+    and the batch's tokens per component (two components); then, apart, its documents per
+    component (``Engine._count_docs`` over 18 pieces of 3 chunks, 14 of them a document's
+    last piece: the LM workload's batch)."""
+    from collections import defaultdict
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from zephon.pipeline.engine import WAIT_BUCKETS_S, Engine
+    from zephon.records import Contributor
 
     buckets = [0] * (len(WAIT_BUCKETS_S) + 1)
     tokens: dict[int, int] = {}
@@ -74,7 +86,40 @@ def _hot_path_ns(n: int = 200_000) -> float:
         buckets[bisect_left(WAIT_BUCKETS_S, i * 1e-7)] += 1
         for comp, k in mix.items():
             tokens[comp] = tokens.get(comp, 0) + k
-    return (time.perf_counter() - t0) / n * 1e9
+    per_next = (time.perf_counter() - t0) / n * 1e9
+    rng = np.random.default_rng(0)
+    chunk = SimpleNamespace(components=rng.integers(0, 2, 64).astype(np.int32))
+    tracker = SimpleNamespace(lane=0, inflight={c: SimpleNamespace(chunk=chunk) for c in range(3)})
+    pieces = [Contributor(c, o, 0, o % 4 != 0) for c in range(3) for o in range(6)]
+    engine: Any = Engine.__new__(Engine)
+    engine.component_docs = defaultdict(int)
+    engine._chunk_components = {}  # noqa: SLF001 - set as Engine.__init__ does
+    m = n // 10
+    t0 = time.perf_counter()
+    for _ in range(m):
+        engine._count_docs(tracker, pieces)  # noqa: SLF001
+    return per_next, (time.perf_counter() - t0) / m * 1e9
+
+
+def _scrape_ms(docs: Any, workers: int, n: int = 20) -> float:
+    """Wall time of one scrape of ``/metrics`` (the collector reads the pipeline in the
+    parent), in ms, on a pipeline that has delivered 200 batches."""
+    pipe = zephon_lm_pipeline(docs, 0, workers, metrics_port=0)
+    try:
+        for _ in range(200):
+            next(pipe)
+        url = pipe._metrics.url  # noqa: SLF001 - started by the first next()
+        urllib.request.urlopen(url, timeout=10).read()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            urllib.request.urlopen(url, timeout=10).read()
+        return (time.perf_counter() - t0) / n * 1e3
+    finally:
+        pipe.close()
+
+
+def _cpu_per_batch(r: dict[str, Any]) -> float:
+    return (r["parent_cpu_s"] + r["children_cpu_s"]) / r["batches"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -119,6 +164,16 @@ def main(argv: list[str] | None = None) -> int:
                 )
             ]
         )
+        # CPU seconds (parent and workers) per batch, off over on, round by round: what the
+        # metrics cost in work, less exposed than wall time to neighbours taking the cores
+        cpu = summarize(
+            [
+                _cpu_per_batch(b) / _cpu_per_batch(a)
+                for a, b in zip(
+                    results[f"workers={w} on"], results[f"workers={w} off"], strict=True
+                )
+            ]
+        )
         rows.append(
             {
                 "workers": w,
@@ -126,11 +181,15 @@ def main(argv: list[str] | None = None) -> int:
                 "on batches/s": round(on["median"], 1),
                 "on/off": round(on["median"] / off["median"], 3),
                 "on/off paired": round(paired["median"], 3),
+                "paired range": f"{paired['min']:.2f}-{paired['max']:.2f}",
+                "cpu off/on paired": round(cpu["median"], 3),
+                "cpu range": f"{cpu['min']:.2f}-{cpu['max']:.2f}",
                 "off range": f"{off['min']:.0f}-{off['max']:.0f}",
                 "on range": f"{on['min']:.0f}-{on['max']:.0f}",
             }
         )
-    hot = _hot_path_ns()
+    hot, docs_ns = _hot_path_ns()
+    scrape_ms = {w: _scrape_ms(docs, w) for w in workers}
     print_table(
         rows,
         list(rows[0]),
@@ -139,9 +198,25 @@ def main(argv: list[str] | None = None) -> int:
             f"({args.batches} batches x {args.repeats}, medians)"
         ),
     )
-    print(f"engine bookkeeping kept for the metrics, on or off: {hot:.0f} ns per next()")
+    print(
+        f"engine bookkeeping kept for the metrics, on or off: {hot:.0f} ns per next(), and "
+        f"{docs_ns:.0f} ns to count the documents of an LM batch (18 pieces)"
+    )
+    print(
+        "one scrape of /metrics: "
+        + ", ".join(f"{ms:.2f} ms (workers={w})" for w, ms in scrape_ms.items())
+        + f"; scraped every {args.scrape_s} s"
+    )
     write_results(
-        "metrics_overhead", rows, args.results, extra={"args": vars(args), "hot_path_ns": hot}
+        "metrics_overhead",
+        rows,
+        args.results,
+        extra={
+            "args": vars(args),
+            "hot_path_ns": hot,
+            "count_docs_ns": docs_ns,
+            "scrape_ms": {str(w): ms for w, ms in scrape_ms.items()},
+        },
     )
     return 0
 

@@ -84,8 +84,8 @@ def test_the_endpoint_during_a_run_with_2_workers_says_what_stats_and_the_batche
         assert val("zephon_mixture_token_ratio", component=comp) == pytest.approx(
             counted[comp] / sum(counted.values()), abs=1e-6
         )
-        # dealt as the workers ask for chunks: it may have moved between the two reads
-        assert 0 < val("zephon_documents_dealt_total", component=comp) <= m["documents"]
+        # of the delivered batches: both read at the last delivery
+        assert 0 < val("zephon_documents_delivered_total", component=comp) == m["documents"]
     assert st["mixture"]["a"]["target"] == pytest.approx(0.7)
     # busy time: per worker and stage, as stats() says (both read at the last delivery)
     for place in st["busy"]:
@@ -220,3 +220,38 @@ def test_metrics_port_is_checked_and_a_taken_port_is_named():
         with warnings.catch_warnings(), pytest.raises(OSError, match=r"metrics_port"):
             next(pipe)
         pipe.close()
+
+
+def _keep(x):
+    return x % 3 != 0
+
+
+def test_mixture_shares_are_of_the_delivered_documents_counted_here_from_the_batches():
+    # Component b's documents are 10_000 + i: a row says its component. A filter drops a
+    # third of each; 2 workers and the prefetch pump run ahead of the consumer, so the
+    # documents dealt to lanes are many more than the ones delivered.
+    src = zp.StaticMixtureWorkSource(
+        {"a": zp.ArraySource(np.arange(5_000)), "b": zp.ArraySource(np.arange(10_000, 15_000))},
+        weights={"a": 0.8, "b": 0.2},
+        seed=3,
+        chunk_size=8,
+    )
+    pipe = zp.Pipeline(src, canonical_replicas=4, workers=2, prefetch=8, metrics_port=0)
+    counted = {"a": 0, "b": 0}
+    with pipe.fetch().filter(_keep).batch(4) as pipe:
+        for _ in range(50):
+            for x in next(pipe):
+                counted["a" if x < 10_000 else "b"] += 1
+        got = _scrape(pipe._metrics.url)
+        st = pipe.stats()
+    dealt = sum(t.source.positions[c] for t in pipe._engine.trackers.values() for c in (0, 1))
+    assert sum(counted.values()) == 200 < dealt
+    for comp in ("a", "b"):
+        m = st["mixture"][comp]
+        share = counted[comp] / 200
+        assert m["documents"] == counted[comp] == m["tokens"]  # samples: a token each
+        assert m["document_share"] == pytest.approx(share, abs=1e-6)
+        assert m["token_share"] == pytest.approx(share, abs=1e-6)
+        labels = (("component", comp),)
+        assert got[("zephon_documents_delivered_total", labels)] == counted[comp]
+        assert got[("zephon_mixture_document_ratio", labels)] == pytest.approx(share, abs=1e-6)

@@ -136,6 +136,31 @@ def test_the_recorder_stops_when_the_pipeline_closes_and_report_names_bad_input(
     assert "0 sample(s); a report needs two or more" in capsys.readouterr().err
 
 
+def test_closing_the_pipeline_writes_the_recorders_last_sample_and_closes_its_file(tmp_path):
+    series = tmp_path / "s.jsonl"
+    src = zp.StaticMixtureWorkSource(
+        {"a": zp.ArraySource(np.arange(1000)), "b": zp.ArraySource(np.arange(1000))},
+        weights={"a": 0.5, "b": 0.5},
+        seed=0,
+        chunk_size=4,
+    )
+    pipe = zp.Pipeline(src, canonical_replicas=2, workers=2).fetch().batch(4)
+    rec = zp.metrics.record(pipe, series, every_s=3600)  # its timer never fires here
+    for _ in range(7):
+        next(pipe)
+    st = pipe.stats()
+    pipe.close()
+    assert not rec.running and rec._fd is None  # the thread ended and the file is closed
+    assert rec.samples == 1
+    _, samples = zp.metrics.read_series(series)
+    (last,) = [s["scalars"] for s in samples]  # written by close(): the figures at the end
+    assert last["zephon_batches_delivered_total"] == 7 == st["batches_delivered"]
+    assert last["zephon_tokens_delivered_total/component=a"] == st["mixture"]["a"]["tokens"]
+    rec.close()  # closing it again does nothing
+    pipe.close()
+    assert rec.samples == 1 and len(zp.metrics.read_series(series)[1]) == 1
+
+
 def test_zephon_top_under_a_pseudo_terminal_shows_the_rate_and_the_bottleneck():
     stop = threading.Event()
     with _pipe(metrics_port=0) as pipe:
@@ -237,3 +262,32 @@ def test_the_text_format_and_scalars_give_the_same_frame():
     assert f["places"]["1"]["stages"]["map"] == {"seconds": 2.0, "ratio": 0.5}
     assert frame(flat)["wait_p50_s"] == 0.01 and frame(flat)["wait_p90_s"] == float("inf")
     assert frame(flat)["mixture"] == {'a/"b"': {"target": 0.25, "drift": None}}
+
+
+def test_a_frame_and_top_show_each_sources_read_rate():
+    from zephon.cli.top import render
+
+    before = {
+        "zephon_source_read_bytes_total/source=web": 1024.0,
+        "zephon_source_read_requests_total/source=web": 2.0,
+        "zephon_source_read_retries_total/source=web": 0.0,
+        "zephon_source_read_requests_total/source=mem": 0.0,
+    }
+    now = {
+        "zephon_source_read_bytes_total/source=web": 5 * 1024.0,
+        "zephon_source_read_requests_total/source=web": 6.0,
+        "zephon_source_read_retries_total/source=web": 1.0,
+        "zephon_source_read_requests_total/source=mem": 0.0,
+        "zephon_batches_delivered_total": 10.0,
+    }
+    f = frame(now, before, dt=2.0)
+    assert f["reads"]["web"] == {
+        "bytes": 5120.0,
+        "bytes_rate": 2048.0,
+        "requests": 6.0,
+        "requests_rate": 2.0,
+        "retries": 1.0,
+        "retries_rate": 0.5,
+    }
+    (line,) = [x for x in render("u", now, before, 2.0, 2.0, bold=False) if x.startswith("reads")]
+    assert line == "reads       web 2.0 KiB/s 2/s (1 retried)"  # mem made no range reads

@@ -174,7 +174,7 @@ def draw(series: str, out: str) -> str:
             ax_mix.plot(times, target, color=colour, lw=1.2, ls="--", label=f"{c}: target")
         ax_mix.set_ylim(0, 100)
         ax_mix.legend(loc="best", fontsize=8, frameon=False, ncol=len(comps))
-        ax_mix.set_ylabel("% of documents dealt, of tokens delivered")
+        ax_mix.set_ylabel("% of documents, of tokens delivered")
         ax_mix.set_title("Mixture: realized share against target", loc="left", fontweight="bold")
     else:
         ax_mix.text(0.5, 0.5, "no mixture components", ha="center", va="center", color="0.5")

@@ -141,6 +141,16 @@ def render(
     )
     queue = "off" if not cap else f"{'-' if q is None else int(q)}/{int(cap)} batches"
     lines.append(f"prefetch    {queue}   chunks in flight: {inflight or '-'}")
+    reads = [(s, r) for s, r in f["reads"].items() if r.get("requests")]
+    if reads:  # sources that made range reads (files; not in-memory arrays)
+        lines.append(
+            "reads       "
+            + "   ".join(
+                f"{s[:12]} {_bytes(r.get('bytes_rate'))}/s {_num(r.get('requests_rate'), '/s')}"
+                + (f" ({int(r['retries'])} retried)" if r.get("retries") else "")
+                for s, r in reads[:6]
+            )
+        )
     if f["mixture"]:
         lines += ["", f"{'mixture':<12} {'target':>7} {'docs':>7} {'tokens':>7} {'drift':>9}"]
         for comp, m in f["mixture"].items():

@@ -4,8 +4,9 @@ The Prometheus collector (:mod:`zephon.metrics.exporter`) and :func:`scalars` bo
 :func:`families`, so the endpoint and a logger see the same figures. Names follow
 Prometheus conventions (a counter's ``_total`` is added on export, base units in the name);
 labels: ``rank`` on every sample, ``worker`` (a worker id or ``parent``) and ``stage`` (an
-operator's name, ``map#2`` for a second ``map``) and ``component`` (a dataset of the
-mixture, up to :data:`MAX_COMPONENT_LABELS` of them) where they carry meaning. Lanes are
+operator's name, ``map#2`` for a second ``map``) and ``component`` or ``source`` (a
+dataset of the mixture by name, up to :data:`MAX_COMPONENT_LABELS` of them; never a file
+path) where they carry meaning. Lanes are
 never a label (a rank may own thousands): in-flight chunks go per worker and as the
 largest lane's count.
 """
@@ -222,6 +223,27 @@ def families(pipe: Any) -> list[Family]:
         "Reads retried after transient storage failures.",
         st["io_retries"],
     )
+    sources = st["reads"]
+    if len(sources) <= MAX_COMPONENT_LABELS:
+        for key, metric, help_ in (
+            (
+                "bytes",
+                "zephon_source_read_bytes",
+                "Bytes the range reads of each source returned (local pread, object-storage "
+                "GET), in all processes since the pipeline started.",
+            ),
+            (
+                "requests",
+                "zephon_source_read_requests",
+                "Read requests each source sent to storage, the retried ones included.",
+            ),
+            (
+                "retries",
+                "zephon_source_read_retries",
+                "Reads of each source retried after transient storage failures.",
+            ),
+        ):
+            add(metric, "counter", help_, [({"source": n}, r[key]) for n, r in sources.items()])
     add(
         "zephon_skipped_records",
         "counter",
@@ -269,9 +291,10 @@ def families(pipe: Any) -> list[Family]:
             [({"component": c}, m["tokens"]) for c, m in mix.items()],
         )
         add(
-            "zephon_documents_dealt",
+            "zephon_documents_delivered",
             "counter",
-            "Documents of each component dealt to this rank's lanes since the start of the data.",
+            "Documents of each component in the delivered batches (counted with the batch "
+            "that holds a document's last piece).",
             [({"component": c}, m["documents"]) for c, m in mix.items()],
         )
         for key, metric, help_ in (
@@ -284,7 +307,7 @@ def families(pipe: Any) -> list[Family]:
             (
                 "document_share",
                 "zephon_mixture_document_ratio",
-                "Each component's share of the documents dealt.",
+                "Each component's share of the delivered documents.",
             ),
         ):
             add(

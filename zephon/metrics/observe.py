@@ -195,9 +195,10 @@ class CheckpointClock:
 
 
 def mixture(pipe: Any, engine: Engine) -> dict[str, dict[str, Any]]:
-    """Per component name: its target weight, the tokens of the delivered batches (samples
-    before ``tokenize``) and their share, and the documents dealt to this rank's lanes
-    (since the start of the data) and their share."""
+    """Per component name: its target weight, and of the batches ``next()`` returned (by
+    this pipeline: a restored one counts from its restore) the tokens (samples before
+    ``tokenize``) and the documents (each counted once, with the batch that holds its
+    last piece; a document a ``filter`` dropped is not delivered), each with its share."""
     source = pipe.source
     names = tuple(getattr(source, "names", ()))
     if not names:
@@ -205,30 +206,54 @@ def mixture(pipe: Any, engine: Engine) -> dict[str, dict[str, Any]]:
     target = getattr(source, "weights", None)
     with engine.lock:
         tokens = dict(engine.component_tokens)
-        docs = [0] * len(names)
-        for tracker in engine.trackers.values():
-            dealt = getattr(tracker.source, "positions", None)
-            if dealt is not None:
-                for c, n in enumerate(dealt):
-                    docs[c] += n
+        docs = dict(engine.component_docs)
         if target is None:  # a schedule: the lanes' weights now, averaged
             rows = [getattr(t.source, "current_weights", None) for t in engine.trackers.values()]
             rows = [r for r in rows if r is not None]
             if rows:
                 target = tuple(sum(col) / len(rows) for col in zip(*rows, strict=True))
     all_tokens = sum(tokens.values())
-    all_docs = sum(docs)
+    all_docs = sum(docs.values())
     out = {}
     for c, name in enumerate(names):
         t = tokens.get(c, 0)
+        d = docs.get(c, 0)
         out[name] = {
             "target": None if target is None else round(float(target[c]), 6),
             "tokens": t,
             "token_share": round(t / all_tokens, 6) if all_tokens else None,
-            "documents": docs[c],
-            "document_share": round(docs[c] / all_docs, 6) if all_docs else None,
+            "documents": d,
+            "document_share": round(d / all_docs, 6) if all_docs else None,
         }
     return out
+
+
+def reads(pipe: Any, engine: Engine) -> dict[str, dict[str, int]]:
+    """Per source (a component of the mixture, by name): ``bytes``, ``requests`` and
+    ``retries`` of the range reads the fetch operator made for it (see
+    :mod:`zephon.sources._fs`), in every process, since this pipeline started: each
+    lane's counters as of its last delivered batch, like the operators' seconds (the
+    reads of chunks read ahead count once a batch of them is delivered). Sources that
+    read through their own library (Parquet, ArrayRecord) or from memory make no range
+    reads: zeros."""
+    source = pipe.source
+    names = tuple(getattr(source, "names", None) or ()) or tuple(
+        str(c) for c in range(len(getattr(source, "datasets", None) or ()))
+    )
+    totals = [[0, 0, 0] for _ in names]
+    with engine.lock:
+        rows = [r for c in engine.lane_counts.values() for r in c.reads]
+        rows.extend(engine.moved_reads)
+    for comp, nbytes, requests, retries in rows:
+        if 0 <= comp < len(totals):
+            t = totals[comp]
+            t[0] += nbytes
+            t[1] += requests
+            t[2] += retries
+    return {
+        name: {"bytes": t[0], "requests": t[1], "retries": t[2]}
+        for name, t in zip(names, totals, strict=True)
+    }
 
 
 def observed(pipe: Any, engine: Engine) -> dict[str, Any]:
@@ -242,6 +267,7 @@ def observed(pipe: Any, engine: Engine) -> dict[str, Any]:
         "busy": busy(engine),
         "bottleneck": bottleneck(engine),
         "mixture": mixture(pipe, engine),
+        "reads": reads(pipe, engine),
         "checkpoints": clock.count,
         "checkpoint_s": None if clock.last_s is None else round(clock.last_s, 6),
         "checkpoint_seconds_total": round(clock.total_s, 6),

@@ -29,14 +29,19 @@ from zephon.metrics.families import scalars
 
 #: The header's ``zephon_series``: the format's version.
 SERIES_VERSION = 1
-#: The recorder looks at least this often whether the pipeline was closed.
+#: The recorder looks at least this often whether the pipeline was dropped.
 _POLL_S = 0.2
+
+#: Each pipeline's running recorders, which its ``close()`` finishes (:func:`finish`).
+_RUNNING: weakref.WeakKeyDictionary[Any, list[Recorder]] = weakref.WeakKeyDictionary()
+_RUNNING_LOCK = threading.Lock()
 
 
 class Recorder:
     """A running :func:`record`: ``path``, ``samples`` (lines written after the header);
-    :meth:`close` writes one last sample and stops it (idempotent). It also stops by itself
-    once the pipeline is closed or dropped."""
+    :meth:`close` writes one last sample and stops it (idempotent). ``pipe.close()`` does
+    the same (the last sample is the pipeline's figures at its close), and a dropped
+    pipeline stops it too."""
 
     def __init__(self, pipe: Any, path: str, every_s: float) -> None:
         self.path = path
@@ -60,6 +65,8 @@ class Recorder:
         self._thread = threading.Thread(
             target=self._loop, name="zephon-metrics-record", daemon=True
         )
+        with _RUNNING_LOCK:
+            _RUNNING.setdefault(pipe, []).append(self)
         self._thread.start()
 
     def _write(self, obj: dict[str, Any]) -> None:
@@ -107,6 +114,20 @@ class Recorder:
         if fd is not None:
             os.close(fd)
 
+    def _finish(self) -> None:
+        """Stop the thread, write the last sample and close the file (once)."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        self._thread.join()
+        try:
+            if self._fd is not None and self.error is None:  # released if the pipeline closed
+                self._sample()
+        except Exception as e:  # noqa: BLE001 - raised by close(), never by pipe.close()
+            self.error = e
+        finally:
+            self._release()
+
     @property
     def running(self) -> bool:
         """Whether the thread still records."""
@@ -119,15 +140,7 @@ class Recorder:
             RuntimeError: reading the figures failed in the thread (which then stopped),
                 with that error as its cause.
         """
-        if self._stop.is_set():
-            return
-        self._stop.set()
-        self._thread.join()
-        try:
-            if self._fd is not None and self.error is None:  # released if the pipeline closed
-                self._sample()
-        finally:
-            self._release()
+        self._finish()
         if self.error is not None:
             raise RuntimeError(
                 f"zephon metrics: the recorder of {self.path} stopped after {self.samples} "
@@ -164,6 +177,16 @@ def record(pipe: Any, path: str | os.PathLike[str], every_s: float = 1.0) -> Rec
     if isinstance(every_s, bool) or not isinstance(every_s, int | float) or not every_s > 0:
         raise ValueError(f"every_s must be a number of seconds > 0; got {every_s!r}")
     return Recorder(pipe, os.fspath(path), float(every_s))
+
+
+def finish(pipe: Any) -> None:
+    """What ``pipe.close()`` calls before it closes anything: each of ``pipe``'s running
+    recorders writes its last sample and closes its file. A recorder that failed keeps
+    its error for its own :meth:`Recorder.close` to raise."""
+    with _RUNNING_LOCK:
+        recorders = _RUNNING.pop(pipe, [])
+    for rec in recorders:
+        rec._finish()  # noqa: SLF001 - this module's own
 
 
 def read_series(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:

@@ -16,7 +16,7 @@ from typing import Any
 Flat = dict[str, float]
 
 #: Where a label starts in a flat key (a component's name may hold a "/").
-_LABEL = re.compile(r"/(?=(?:worker|stage|component|kind|where|le)=)")
+_LABEL = re.compile(r"/(?=(?:worker|stage|component|source|kind|where|le)=)")
 _SAMPLE = re.compile(r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)")
 _PAIR = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"\s*,?')
 
@@ -164,6 +164,16 @@ def frame(now: Flat, prev: Flat | None = None, dt: float | None = None) -> dict[
         for c, m in mixture.items():
             ok = total > 0 and min(moved.values()) >= 0
             m["interval_share"] = moved[c] / total if ok else None
+    reads: dict[str, dict[str, float | None]] = {}
+    for metric, field in (
+        ("zephon_source_read_bytes_total", "bytes"),
+        ("zephon_source_read_requests_total", "requests"),
+        ("zephon_source_read_retries_total", "retries"),
+    ):
+        for labels, value in select(now, metric):
+            r = reads.setdefault(labels["source"], {})
+            r[field] = value
+            r[field + "_rate"] = _rate(now, prev, f"{metric}/source={labels['source']}", dt)
     for m in mixture.values():  # the weights are over documents: drift is theirs
         t, s = m.get("target"), m.get("document_share")
         m["drift"] = None if t is None or s is None else s - t
@@ -187,6 +197,7 @@ def frame(now: Flat, prev: Flat | None = None, dt: float | None = None) -> dict[
         ),
         "inflight_chunks": {lb["worker"]: v for lb, v in select(now, "zephon_inflight_chunks")},
         "mixture": mixture,
+        "reads": reads,
         "checkpoints": g("zephon_checkpoint_seconds_count"),
         "checkpoint_last_s": g("zephon_checkpoint_last_seconds"),
         "checkpoint_bytes": g("zephon_checkpoint_bytes"),

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import copy
+import threading
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from zephon.chunks import SamplePointer
 from zephon.operators.base import Operator, OpTraits, Output, PipelineContext
 from zephon.records import Record
-from zephon.sources._fs import reads_remote, thread_io_retries
+from zephon.sources._fs import reads_remote, thread_reads
 from zephon.sources.reading import read_many, read_token_spans
+
+#: Held while a read's counts are added (a module lock: operators are pickled to workers).
+_COUNTING = threading.Lock()
 
 
 class Fetch(Operator):
@@ -21,6 +26,9 @@ class Fetch(Operator):
         self._datasets: Sequence[Any] = ()
         #: Reads retried after transient I/O failures, per lane (``stats()["io_retries"]``).
         self.io_retries: dict[int, int] = {}
+        #: Per lane, per component read: ``[bytes, requests, retries]`` of the range reads
+        #: its dataset made (``stats()["reads"]``; see :meth:`lane_reads`).
+        self.reads: dict[int, dict[int, list[int]]] = {}
         #: Some dataset reads from object storage: a worker reads chunks ahead.
         self.remote = False
         #: The components' names, for the error that names a sample it could not read.
@@ -38,7 +46,7 @@ class Fetch(Operator):
 
     def process(self, record: Record) -> Iterable[Output]:
         ptr: SamplePointer = record.data
-        return (record.replace(self._read([ptr[0]], [ptr[1]])[0]),)
+        return (record.replace(self._read([ptr[0]], [ptr[1]], read_many, record.lane)[0]),)
 
     def process_batch(self, records: list[Record]) -> list[Output]:
         pointers = [r.data for r in records]
@@ -50,40 +58,74 @@ class Fetch(Operator):
         self, comps: list[int], indices: list[int], lane: int | None = None, spans: bool = False
     ) -> list[Any]:
         """Sample ``k`` is row ``indices[k]`` of dataset ``comps[k]``; one read per dataset
-        (a file source reads a batch with concurrent, coalesced range requests). Retries
-        the sources made on this thread are counted for ``lane``. With ``spans``, a
-        dataset that offers token spans gives them instead of its samples
+        (a file source reads a batch with concurrent, coalesced range requests). The bytes,
+        requests and retries of the range reads each dataset made on this thread are
+        counted for ``lane`` (:meth:`lane_reads`). With ``spans``, a dataset that offers
+        token spans gives them instead of its samples
         (:func:`~zephon.sources.reading.read_token_spans`: only for the plan's fused
         stage that takes them)."""
-        before = thread_io_retries()
-        try:
-            return self._read(comps, indices, read_token_spans if spans else read_many)
-        finally:
-            retried = thread_io_retries() - before
-            if retried and lane is not None:
-                self.io_retries[lane] = self.io_retries.get(lane, 0) + retried
+        return self._read(comps, indices, read_token_spans if spans else read_many, lane)
 
-    def _read(self, comps: list[int], indices: list[int], read: Any = read_many) -> list[Any]:
+    def lane_reads(self, lane: int) -> tuple[tuple[int, int, int, int], ...]:
+        """``(component, bytes, requests, retries)`` per component that ``lane`` read
+        from, since this operator started (what a lane's counters carry to the parent)."""
+        per = self.reads.get(lane)
+        return () if per is None else tuple((c, *v) for c, v in sorted(per.items()))  # type: ignore[misc]
+
+    def _read(
+        self, comps: list[int], indices: list[int], read: Any = read_many, lane: int | None = None
+    ) -> list[Any]:
         if comps and comps.count(comps[0]) == len(comps):
-            return self._read_one(read, comps[0], indices)
+            return self._read_one(read, comps[0], indices, lane)
         by_component: dict[int, list[int]] = {}
         for pos, c in enumerate(comps):
             by_component.setdefault(c, []).append(pos)
         samples: list[Any] = [None] * len(comps)
         for c, positions in by_component.items():
-            got = self._read_one(read, c, [indices[p] for p in positions])
+            got = self._read_one(read, c, [indices[p] for p in positions], lane)
             for p, sample in zip(positions, got, strict=True):
                 samples[p] = sample
         return samples
 
-    def _read_one(self, read: Any, c: int, indices: list[int]) -> list[Any]:
-        """Rows ``indices`` of dataset ``c``. The dataset's own ``IndexError`` or
-        ``KeyError`` is raised again, of its type, naming the component and the index."""
+    def _read_one(
+        self, read: Any, c: int, indices: list[int], lane: int | None = None
+    ) -> list[Any]:
+        """Rows ``indices`` of dataset ``c``, its reads counted for ``lane``. The dataset's
+        own ``IndexError`` or ``KeyError`` is raised again, of its type, naming the
+        component and the index."""
         ds = self._datasets[c]
+        before = thread_reads()
         try:
             return read(ds, indices)  # type: ignore[no-any-return]
         except (IndexError, KeyError) as e:
             raise _named(e, self._where(ds, c, indices, e)) from e
+        finally:
+            if lane is not None:
+                after = thread_reads()
+                if after != before:
+                    self._count(lane, c, before, after)
+
+    def _count(
+        self, lane: int, c: int, before: tuple[int, int, int], after: tuple[int, int, int]
+    ) -> None:
+        with _COUNTING:  # reads of one lane may run on several threads (parallelism)
+            self._add(lane, c, before, after)
+
+    def _add(
+        self, lane: int, c: int, before: tuple[int, int, int], after: tuple[int, int, int]
+    ) -> None:
+        per = self.reads.get(lane)
+        if per is None:
+            per = self.reads[lane] = {}
+        row = per.get(c)
+        if row is None:
+            row = per[c] = [0, 0, 0]
+        row[0] += after[0] - before[0]
+        row[1] += after[1] - before[1]
+        retried = after[2] - before[2]
+        if retried:
+            row[2] += retried
+            self.io_retries[lane] = self.io_retries.get(lane, 0) + retried
 
     def _where(self, ds: Any, c: int, indices: list[int], e: BaseException) -> str:
         """The sample of ``indices`` whose read raised ``e`` (of ``ds``, component ``c``),
@@ -119,7 +161,12 @@ class Fetch(Operator):
         )
 
     def fresh(self) -> Operator:
-        return self  # stateless; a deep copy would duplicate the user's datasets
+        # A shallow copy (a deep one would duplicate the user's datasets) whose counters
+        # start at zero: two pipelines built from one chain count their own reads.
+        clone = copy.copy(self)
+        clone.io_retries = {}
+        clone.reads = {}
+        return clone
 
     def fingerprint(self) -> str:
         return "Fetch()"  # parallelism changes speed, never results

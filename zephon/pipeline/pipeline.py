@@ -26,6 +26,7 @@ from zephon._fingerprint import pipeline_fingerprints
 from zephon.checkpoint.state import build_state, check_header, state_step
 from zephon.errors import CheckpointError, DroppedRecordsWarning, PipelineEndedError
 from zephon.metrics.observe import CheckpointClock, observed, skipped_records
+from zephon.metrics.series import finish as finish_recording
 from zephon.operators.base import Operator
 from zephon.pipeline.building import ChainBuilder
 from zephon.pipeline.collector import PROMOTE_LANES, collector_paused
@@ -527,7 +528,8 @@ class Pipeline(ChainBuilder):
         (each worker, or the parent) its operators' seconds by stage and its busy fraction;
         ``bottleneck`` the busiest place and stage with the knob to turn (None before the
         first batch); ``mixture`` per component its target weight, delivered tokens and
-        documents dealt with their shares; ``batches_delivered`` (by this pipeline),
+        documents delivered with their shares; ``reads`` per source its ``bytes``,
+        ``requests`` and ``retries``; ``batches_delivered`` (by this pipeline),
         ``step``, ``next_wait_histogram``, and the ``checkpoint()`` timings
         (``checkpoints``, ``checkpoint_s`` the last, ``checkpoint_seconds_total``, the
         same for ``rounds``)."""
@@ -558,7 +560,11 @@ class Pipeline(ChainBuilder):
         """Stop the pump and release threads, workers and shared memory. Idempotent.
 
         Afterwards ``next()`` raises :class:`~zephon.PipelineClosedError`; ``checkpoint()``
-        still returns the state at the last delivered batch."""
+        still returns the state at the last delivered batch. A running
+        :func:`zp.metrics.record <zephon.metrics.record>` writes its last sample (the
+        figures now) and closes its file first."""
+        if not self._closed:
+            finish_recording(self)
         self._closed = True
         if self._metrics is not None:
             self._metrics.close()

@@ -40,14 +40,18 @@ if TYPE_CHECKING:
 class LaneCounts(NamedTuple):
     """One lane's operator counters at one moment: ``(records_in, records_out, seconds)``
     per operator of the chain, how many records the replay filter dropped, how many
-    reads the fetch operator retried after transient I/O failures, and how many records
-    ``batch`` dropped at the lane's end."""
+    reads the fetch operator retried after transient I/O failures, how many records
+    ``batch`` dropped at the lane's end, and the bytes, requests and retries of the
+    fetch operator's reads per source."""
 
     ops: list[tuple[int, int, float]]
     replay_dropped: int
     io_retries: int = 0
     #: records ``batch(drop_last=True)`` dropped at the lane's end (its last partial batch)
     dropped_at_end: int = 0
+    #: ``(component, bytes, requests, retries)`` per source the lane's fetch read from
+    #: (:meth:`~zephon.operators.fetch.Fetch.lane_reads`)
+    reads: tuple[tuple[int, int, int, int], ...] = ()
 
 
 class LaneOutput:
@@ -142,7 +146,8 @@ class ChainRunner:
         retried = sum(op.io_retries.get(lane, 0) for op in self._fetches)
         ops = [(s.records_in, s.records_out, s.seconds) for s in stats]
         at_end = sum(op.dropped_at_end.get(lane, 0) for op in self._droppers)
-        return LaneCounts(ops, dropped, retried, at_end)
+        reads = tuple(row for op in self._fetches for row in op.lane_reads(lane))
+        return LaneCounts(ops, dropped, retried, at_end, reads)
 
     def feed(
         self, items: Sequence[WorkChunk | FlushSentinel], first: bool = False

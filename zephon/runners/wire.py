@@ -106,7 +106,7 @@ def output_meta(out: LaneOutput, data: Any) -> tuple[dict[str, Any], list[np.nda
     meta: dict[str, Any] = {LANE: out.lane, TOMBSTONES: flat(out.tombstones)}
     if out.counts is not None:
         c = out.counts
-        meta[COUNTS] = [list(c.ops), c.replay_dropped, c.io_retries, c.dropped_at_end]
+        meta[COUNTS] = [list(c.ops), c.replay_dropped, c.io_retries, c.dropped_at_end, c.reads]
     rec = out.record
     if out.end or rec is None:
         meta[END] = True
@@ -133,7 +133,8 @@ def decode_output(meta: dict[str, Any], arrays: list[np.ndarray]) -> LaneOutput:
     counts = meta.get(COUNTS)
     if counts is not None:
         ops = [tuple(c) for c in counts[0]]
-        counts = LaneCounts(ops, int(counts[1]), int(counts[2]), int(counts[3]))  # type: ignore[arg-type]
+        reads = tuple(tuple(row) for row in counts[4])
+        counts = LaneCounts(ops, int(counts[1]), int(counts[2]), int(counts[3]), reads)  # type: ignore[arg-type]
     if meta.get(END):
         return LaneOutput(lane, None, tombs, end=True, counts=counts)
     keys = meta.get(KEYS)

@@ -8,6 +8,13 @@ README's "Object storage" section). For ``s3://`` Zephon turns off s3fs's and bo
 retries unless the options set them, so that every retry is Zephon's: bounded by the
 source's ``timeout_s`` for each read, with exponential backoff, and counted
 (:func:`io_retries`, ``Pipeline.stats()["io_retries"]``).
+
+Every range read is counted on the thread that makes it (:func:`thread_reads`): the bytes
+it returned, the requests it sent to storage (a ``pread`` call on a local file, a ranged
+GET on object storage, each retry's included) and the retries. The fetch operator counts
+the difference around each dataset's read, per lane and source (``stats()["reads"]``).
+Reads made while a source is built (scans that index it) are not counted there; those a
+source makes inside a read (checking an index cache on first use) are.
 """
 
 from __future__ import annotations
@@ -63,11 +70,14 @@ _retries_lock = threading.Lock()
 _retries_total = 0
 
 
-class _ThreadRetries(threading.local):
-    retries = 0  # (a class default: no AttributeError raised and caught on every read)
+class _ThreadCounts(threading.local):
+    # (class defaults: no AttributeError raised and caught on every read)
+    retries = 0
+    bytes = 0
+    requests = 0
 
 
-_local = _ThreadRetries()
+_local = _ThreadCounts()
 
 
 def io_retries() -> int:
@@ -75,10 +85,11 @@ def io_retries() -> int:
     return _retries_total
 
 
-def thread_io_retries() -> int:
-    """Reads retried after a transient failure, on this thread (the fetch operator counts
-    the difference around each read, per lane)."""
-    return _local.retries
+def thread_reads() -> tuple[int, int, int]:
+    """``(bytes, requests, retries)`` of the range reads made on this thread (see the
+    module), since it started."""
+    c = _local
+    return c.bytes, c.requests, c.retries
 
 
 def _count_retry() -> None:
@@ -398,10 +409,14 @@ def _split(out: list[bytes], data: bytes, base: int, members: list[tuple[int, in
 
 def _pread(owner: str, path: str, start: int, end: int) -> bytes:
     fd = os.open(path, os.O_RDONLY)
+    counts = _local
+    data = b""
     try:
         data = os.pread(fd, end - start, start)
+        counts.requests += 1
         while len(data) < end - start:  # pread may return less than asked
             more = os.pread(fd, end - start - len(data), start + len(data))
+            counts.requests += 1
             if not more:
                 raise OSError(
                     f"{owner}: {path} ended at {start + len(data)} bytes, before {end}; was it "
@@ -410,6 +425,7 @@ def _pread(owner: str, path: str, start: int, end: int) -> bytes:
             data += more
         return data
     finally:
+        counts.bytes += len(data)
         os.close(fd)
 
 
@@ -441,6 +457,7 @@ def _cat_ranges(
     def attempt() -> None:
         nonlocal pending
         left = max(deadline - time.monotonic(), 0.001)
+        _local.requests += len(pending)  # one GET a range, the retried ones again
         got = _call(
             fs,
             "cat_ranges",
@@ -458,6 +475,7 @@ def _cat_ranges(
                 error = error or data
             else:
                 out[k] = data
+                _local.bytes += len(data)
         if error is not None:
             pending = failed
             raise error
