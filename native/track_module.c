@@ -8,24 +8,55 @@
 #include <Python.h>
 
 PyDoc_STRVAR(close_run_doc,
-             "close_run(delivered, total, bitmap, chunk_id, pieces, i, /) -> (i, bitmap, closed)\n\n"
+             "close_run(delivered, total, bitmap, chunk_id, pieces, i, components=None, docs=None, /)\n"
+             "    -> (i, bitmap, closed)\n\n"
              "ChunkTrack.add_run (zephon/tracking/tracker.py) for a chunk of at most 64 offsets:\n"
              "counts pieces[i], pieces[i+1], ... (contributors) while they are of chunk_id,\n"
              "updating the lists delivered and total in place; returns the index of the first\n"
-             "piece not counted, the new bitmap of closed offsets and how many it closed.");
+             "piece not counted, the new bitmap of closed offsets and how many it closed. With\n"
+             "docs (a dict), a last piece adds 1 to docs[components[offset]] (components: the\n"
+             "chunk's component per offset, a list of ints).");
+
+/* docs[key] += 1 for a dict docs. */
+static int count_doc(PyObject *docs, PyObject *key) {
+    PyObject *had = PyDict_GetItemWithError(docs, key); /* borrowed */
+    if (had == NULL && PyErr_Occurred()) {
+        return -1;
+    }
+    long n = had == NULL ? 0 : PyLong_AsLong(had);
+    if (n == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    PyObject *v = PyLong_FromLong(n + 1);
+    if (v == NULL) {
+        return -1;
+    }
+    int rc = PyDict_SetItem(docs, key, v);
+    Py_DECREF(v);
+    return rc;
+}
 
 static PyObject *py_close_run(PyObject *Py_UNUSED(self), PyObject *args) {
-    PyObject *delivered, *total, *pieces;
+    PyObject *delivered, *total, *pieces, *components = Py_None, *docs = Py_None;
     unsigned long long bitmap;
     long chunk_id;
     Py_ssize_t i;
-    if (!PyArg_ParseTuple(args, "O!O!KlO!n:close_run", &PyList_Type, &delivered, &PyList_Type,
-                          &total, &bitmap, &chunk_id, &PyList_Type, &pieces, &i)) {
+    if (!PyArg_ParseTuple(args, "O!O!KlO!n|OO:close_run", &PyList_Type, &delivered, &PyList_Type,
+                          &total, &bitmap, &chunk_id, &PyList_Type, &pieces, &i, &components,
+                          &docs)) {
         return NULL;
     }
     Py_ssize_t size = PyList_GET_SIZE(delivered), n = PyList_GET_SIZE(pieces);
     if (size > 64 || PyList_GET_SIZE(total) != size || i < 0) {
         PyErr_SetString(PyExc_ValueError, "close_run takes at most 64 offsets and i >= 0");
+        return NULL;
+    }
+    if (docs == Py_None) {
+        docs = NULL;
+    } else if (!PyDict_Check(docs) || !PyList_Check(components) ||
+               PyList_GET_SIZE(components) != size) {
+        PyErr_SetString(PyExc_TypeError,
+                        "close_run: docs must be a dict and components a list of one int an offset");
         return NULL;
     }
     long closed = 0;
@@ -65,6 +96,9 @@ static PyObject *py_close_run(PyObject *Py_UNUSED(self), PyObject *args) {
         if (last) {
             v = PyLong_FromLong(want);
             if (v == NULL || PyList_SetItem(total, offset, v) < 0) {
+                return NULL;
+            }
+            if (docs != NULL && count_doc(docs, PyList_GET_ITEM(components, offset)) < 0) {
                 return NULL;
             }
         }

@@ -192,6 +192,37 @@ def test_add_run_counts_many_pieces_in_c_and_python_alike(monkeypatch):
     assert seen[0] == seen[1] and seen[0][0] == 2**64 - 1 and seen[0][1] == 64
 
 
+def test_documents_count_by_component_with_their_last_piece(add_run_in):
+    """A document counts once, when its last piece arrives (in any order), for the
+    component of its offset; tombstones close offsets without counting."""
+    chunk = WorkChunk(0, 5, np.array([0, 2, 2, 1], np.int32), np.arange(4, dtype=np.int64), 0)
+    t = LaneTracker(0, ListSource(), EPOCH, 0)
+    t.inflight[5] = ChunkTrack(chunk)
+    docs: dict[int, int] = {}
+    t.deliver([Contributor(5, 1, 1, True), Contributor(5, 0, 0, True)], None, docs)
+    assert docs == {2: 1, 0: 1}
+    t.deliver([Contributor(5, 1, 0, False)], None, docs)  # closes offset 1: already counted
+    assert docs == {2: 1, 0: 1}
+    tombstones = [Contributor(5, 3, 0, True)]
+    t.deliver([Contributor(5, 2, 0, True)], None, docs, tombstones)
+    assert docs == {2: 2, 0: 1} and t.inflight[5].closed == 4
+
+
+@pytest.mark.native
+def test_documents_count_alike_in_c_and_python(monkeypatch):
+    comps = np.random.default_rng(1).integers(0, 3, 64).astype(np.int32)
+    chunk = WorkChunk(0, 3, comps, np.arange(64, dtype=np.int64), 0)
+    pieces = [Contributor(3, o, c, c == 1) for o in range(64) for c in (0, 1)]
+    assert tracking._NATIVE is not None, "zephon._track is not built (native tests need it)"
+    seen = []
+    for native in (tracking._NATIVE, None):
+        monkeypatch.setattr(tracking, "_NATIVE", native)
+        docs: dict[int, int] = {}
+        ChunkTrack(chunk).add_run(pieces, 0, docs)
+        seen.append(docs)
+    assert seen[0] == seen[1] == {c: int((comps == c).sum()) for c in range(3)}
+
+
 @pytest.mark.native
 def test_whole_samples_in_c_are_pythons_and_untracked_by_the_collector(monkeypatch):
     assert records._NATIVE is not None, "zephon._track is not built (native tests need it)"

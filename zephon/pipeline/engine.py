@@ -19,7 +19,6 @@ import threading
 import time
 import warnings
 from bisect import bisect_left
-from collections import defaultdict
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 from weakref import WeakSet
@@ -39,8 +38,6 @@ if TYPE_CHECKING:
 
 _DONE = object()
 _POLL_S = 0.1
-#: A lane's chunks whose components ``_count_docs`` keeps before it drops evicted ones.
-_CACHED_CHUNKS = 512
 
 # Engines whose prefetch pump runs, stopped at interpreter exit: a daemon thread still inside
 # a tokenizer's C++ when the interpreter finalizes can abort the process ("terminate called
@@ -146,9 +143,8 @@ class Engine:
         #: tokenized, samples before).
         self.component_tokens: dict[int, int] = {}
         #: Per component, the documents of the delivered batches: a document counts once,
-        #: with the batch that holds its last piece.
-        self.component_docs: defaultdict[int, int] = defaultdict(int)
-        self._chunk_components: dict[int, dict[int, list[int]]] = {}  # see _count_docs
+        #: with the batch that holds its last piece (counted by the trackers, in C).
+        self.component_docs: dict[int, int] = {}
         #: ``(component, bytes, requests, retries)`` rows of lanes' earlier counters: a
         #: lane whose counters went down runs in a new process (a Ray actor replaced), and
         #: what its old one read stays counted (see :func:`~zephon.metrics.observe.reads`).
@@ -384,9 +380,12 @@ class Engine:
         tokens = self.component_tokens
         for comp, n in rec.component_tokens.items():
             tokens[comp] = tokens.get(comp, 0) + n
-        self._count_docs(tracker, rec.contributors)
-        contributors = rec.contributors + out.tombstones if out.tombstones else rec.contributors
-        tracker.deliver(contributors, getattr(rec, "last_cursor", None) or rec.cursor)
+        tracker.deliver(
+            rec.contributors,
+            getattr(rec, "last_cursor", None) or rec.cursor,
+            self.component_docs,
+            out.tombstones,
+        )
 
     def _merge_counts(self, lane: int, counts: LaneCounts) -> None:
         """Keeps ``counts`` as the lane's; reads that a restarted lane had counted before
@@ -401,33 +400,6 @@ class Engine:
             or (counts.ops and counts.ops[0][0] < prev.ops[0][0])
         ):
             self.moved_reads.extend(old)
-
-    def _count_docs(self, tracker: LaneTracker, contributors: list[Any]) -> None:
-        """Counts per component the documents whose last piece is in ``contributors``
-        (before the tracker sees them: eviction may drop their chunks). About 0.1 us a
-        piece: each chunk's components are read once, as a list."""
-        docs = self.component_docs
-        cache = self._chunk_components.get(tracker.lane)
-        if cache is None:
-            cache = self._chunk_components[tracker.lane] = {}
-        elif len(cache) > _CACHED_CHUNKS:  # keep the chunks still in flight
-            inflight = tracker.inflight
-            for chunk_id in [c for c in cache if c not in inflight]:
-                del cache[chunk_id]
-        chunk_id = -1
-        comps: list[int] = []
-        for cid, offset, _, last in contributors:
-            if last:  # a document's last piece
-                if cid != chunk_id:
-                    chunk_id = cid
-                    got = cache.get(cid)
-                    if got is None:
-                        track = tracker.inflight.get(cid)
-                        if track is None:
-                            return  # a bug upstream, which the tracker's close() names
-                        got = cache[cid] = track.chunk.components.tolist()
-                    comps = got
-                docs[comps[offset]] += 1
 
     # ------------------------------------------------------------ state/stats
     def restore(

@@ -66,7 +66,17 @@ class ChunkTrack:
     first used: a restore then decodes only what the first batches replay.
     """
 
-    __slots__ = ("chunk_id", "size", "delivered", "total", "bitmap", "closed", "_chunk", "_state")
+    __slots__ = (
+        "chunk_id",
+        "size",
+        "delivered",
+        "total",
+        "bitmap",
+        "closed",
+        "_chunk",
+        "_state",
+        "_components",
+    )
 
     def __init__(self, chunk: WorkChunk | None, size: int = 0, state: Any = None) -> None:
         self._chunk = chunk
@@ -80,6 +90,7 @@ class ChunkTrack:
         self.total = [0] * size  # children in all, 0 until the last child is seen
         self.bitmap = 0
         self.closed = 0
+        self._components: list[int] | None = None  # per offset, once a document is counted
 
     @classmethod
     def stored(cls, state: Any) -> ChunkTrack:
@@ -111,14 +122,25 @@ class ChunkTrack:
             self._state = self.chunk.to_state()
         return self._state
 
-    def add_run(self, pieces: Sequence[Contributor], i: int) -> int:
+    @property
+    def components(self) -> list[int]:
+        """The chunk's component per offset, as a list (made once)."""
+        if self._components is None:
+            self._components = self.chunk.components.tolist()
+        return self._components
+
+    def add_run(
+        self, pieces: Sequence[Contributor], i: int, docs: dict[int, int] | None = None
+    ) -> int:
         """Counts ``pieces[i]``, ``pieces[i + 1]``, ... for as long as they are of this chunk;
-        returns the index of the first that is not (or ``len(pieces)``)."""
+        returns the index of the first that is not (or ``len(pieces)``). With ``docs``, a
+        document's last piece adds 1 to ``docs[its component]``."""
         chunk_id = self.chunk_id
         delivered, total = self.delivered, self.total
+        comps = None if docs is None else self.components
         if _NATIVE is not None and self.size <= 64 and type(pieces) is list:
             i, self.bitmap, closed = _NATIVE.close_run(
-                delivered, total, self.bitmap, chunk_id, pieces, i
+                delivered, total, self.bitmap, chunk_id, pieces, i, comps, docs
             )
             self.closed += closed
             return i  # type: ignore[no-any-return]
@@ -129,6 +151,9 @@ class ChunkTrack:
             delivered[offset] += 1
             if piece[3]:  # the last child: now the total is known
                 total[offset] = piece[2] + 1
+                if comps is not None:
+                    c = comps[offset]
+                    docs[c] = docs.get(c, 0) + 1  # type: ignore[index,union-attr]
             if delivered[offset] == total[offset] and not (self.bitmap >> offset) & 1:
                 self.bitmap |= 1 << offset
                 self.closed += 1
@@ -246,8 +271,10 @@ class LaneTracker:
         return items
 
     # ------------------------------------------------------------------ delivery
-    def close(self, contributors: list[Contributor]) -> None:
-        """Count delivered (or tombstoned) children; unknown chunks are a bug upstream."""
+    def close(self, contributors: list[Contributor], docs: dict[int, int] | None = None) -> None:
+        """Count delivered (or tombstoned) children; unknown chunks are a bug upstream. With
+        ``docs``, each document whose last piece is among them adds 1 to ``docs[its
+        component]``."""
         inflight = self.inflight
         i, n = 0, len(contributors)
         while i < n:  # pieces come in runs of one chunk
@@ -258,11 +285,21 @@ class LaneTracker:
                     f"lane {self.lane}: delivery names chunk {chunk_id}, which is not in "
                     f"flight (in flight: {list(inflight)[:8]}...); this is a Zephon bug"
                 )
-            i = track.add_run(contributors, i)
+            i = track.add_run(contributors, i, docs)
 
-    def deliver(self, contributors: list[Contributor], last_cursor: SampleCursor | None) -> None:
+    def deliver(
+        self,
+        contributors: list[Contributor],
+        last_cursor: SampleCursor | None,
+        docs: dict[int, int] | None = None,
+        tombstones: list[Contributor] | None = None,
+    ) -> None:
+        """A batch's ``contributors`` (their documents counted in ``docs``, when given)
+        and the ``tombstones`` delivered with it (records dropped on the way: not counted)."""
         self._moved(cursor_only=True)  # (and evict() says so if chunks go)
-        self.close(contributors)
+        self.close(contributors, docs)
+        if tombstones:
+            self.close(tombstones)
         if last_cursor is not None:
             self.cursor = last_cursor
             self.batches += 1
