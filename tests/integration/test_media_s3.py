@@ -1,5 +1,6 @@
-"""Tar shards on object storage (moto's S3 server): read like the local shards, indexed
-once into the cache directory (never into the bucket), decoded in worker processes."""
+"""Tar shards on object storage, through both S3 servers (moto's and SeaweedFS's): read like
+the local shards, indexed once into the cache directory (never into the bucket), decoded in
+worker processes."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 
 import zephon as zp
 from tests.integration.test_media import encode, picture, write_shard
-from tests.s3_server import s3_server
+from tests.s3_server import SERVERS, s3_server
 from zephon.testing import assert_same_batches, take
 
 pytestmark = pytest.mark.processes
@@ -18,9 +19,9 @@ pytestmark = pytest.mark.processes
 BUCKET = "zephon-media"
 
 
-@pytest.fixture(scope="module")
-def s3():
-    with s3_server(BUCKET) as server:
+@pytest.fixture(scope="module", params=SERVERS)
+def s3(request):
+    with s3_server(BUCKET, request.param) as server:
         yield server
 
 

@@ -1,7 +1,9 @@
-"""Every file source over ``s3://`` against a real S3-compatible server on 127.0.0.1 (moto's
-server mode, started and stopped here; no mock objects): the same samples as the local
-files, exact resume with workers, index caches that spare the second start every GET,
-errors that name the URL within the timeout, and transient failures retried and counted.
+"""Every file source over ``s3://`` against real S3-compatible servers on 127.0.0.1, each test
+once per server (moto's server mode and SeaweedFS's compiled gateway, each started once for
+the module and stopped here; no mock objects): the same samples as the local files, exact
+resume with workers, index caches that spare the second start every GET, errors that name
+the URL within the timeout, transient failures retried and counted, and servers that listen
+on 127.0.0.1 only (and leave nothing behind: ``tests/s3_server.py`` checks it).
 
 With ``CI=true`` a server that cannot start fails these tests instead of skipping them.
 """
@@ -9,6 +11,7 @@ With ``CI=true`` a server that cannot start fails these tests instead of skippin
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -16,7 +19,7 @@ import numpy as np
 import pytest
 
 import zephon as zp
-from tests.s3_server import need, s3_server
+from tests.s3_server import SERVERS, need, s3_server
 from zephon.sources import _fs
 from zephon.testing import assert_resumes_exactly, take
 
@@ -27,9 +30,9 @@ FILES = 5
 PER_FILE = 12
 
 
-@pytest.fixture(scope="module")
-def s3():
-    with s3_server(BUCKET) as server:
+@pytest.fixture(scope="module", params=SERVERS)
+def s3(request):
+    with s3_server(BUCKET, request.param) as server:
         yield server
 
 
@@ -166,6 +169,18 @@ def test_pipeline_over_the_bucket_resumes_exactly_with_workers(s3, corpus, cache
     assert len(got) == len(ref) > 5
     for a, b in zip(ref, got, strict=True):
         np.testing.assert_array_equal(a["tokens"], b["tokens"])
+
+
+def test_the_server_listens_on_loopback_only(s3):
+    psutil = need("psutil")
+    pid = getattr(s3, "pid", os.getpid())  # moto's server is a thread of this process
+    listening = [
+        c.laddr
+        for c in psutil.Process(pid).net_connections(kind="inet")
+        if c.status == psutil.CONN_LISTEN
+    ]
+    assert s3.port in {a.port for a in listening}
+    assert {a.ip for a in listening} == {"127.0.0.1"}, listening
 
 
 def test_missing_object_names_the_url(s3, corpus, cache_dir):
