@@ -149,8 +149,17 @@ class Worker:
                     self.runner.head.read_ahead(it)
 
     def _pull(self, lane: int) -> list[Any]:
-        """The lane's next feed unit, from the parent (two are kept asked for)."""
+        """The lane's next feed unit, from the parent (two are kept asked for). Every feed
+        unit that has arrived is taken off the pipe first, whichever lane it is for, so
+        that the chunks of object storage start their reads ahead as soon as they come,
+        not when their lane next runs out."""
         self._ask(lane)
+        conn = self.conn
+        try:
+            while conn.poll(0):
+                self._receive()
+        except (EOFError, OSError) as e:
+            raise _ParentGone from e
         while not self.feeds[lane]:
             self._receive()
         feed = self.feeds[lane].popleft()
