@@ -42,7 +42,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 _HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "proxy-connection"}
 
@@ -296,7 +296,61 @@ def _serve(port: int, delay_s: float) -> None:
     server.serve_forever()
 
 
-class S3ServerProcess(_Endpoint):
+class _HelperProcess:
+    """``python -m benchmarks.s3_local ARGS`` in a process of its own, ready once its
+    :meth:`requests` answers; stopped by :meth:`close` (SIGTERM, SIGKILL after 10 s)."""
+
+    endpoint: str
+    _process: subprocess.Popen[bytes]
+
+    def _launch(self, args: list[str], what: str, start_timeout_s: float) -> None:
+        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])),
+        }
+        cmd = [sys.executable, "-m", "benchmarks.s3_local", *args]
+        self._process = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
+        deadline = time.monotonic() + start_timeout_s
+        while True:
+            try:
+                self.requests(reset=True)
+                return
+            except OSError as e:
+                if self._process.poll() is not None or time.monotonic() > deadline:
+                    self.close()
+                    raise RuntimeError(
+                        f"{what} on {self.endpoint} did not start within {start_timeout_s} s ({e})"
+                    ) from e
+                time.sleep(0.1)
+
+    def requests(self, reset: bool = False) -> int:
+        raise NotImplementedError
+
+    @property
+    def pid(self) -> int:
+        return int(self._process.pid)
+
+    def _stop(self) -> None:
+        if self._process.poll() is None:
+            self._process.terminate()
+            try:
+                self._process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+
+    def close(self) -> None:
+        self._stop()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class S3ServerProcess(_Endpoint, _HelperProcess):
     """moto's S3 server in a process of its own on 127.0.0.1, every answer ``delay_s``
     late; started and stopped by this object.
 
@@ -308,27 +362,8 @@ class S3ServerProcess(_Endpoint):
         self.port = _free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self._proxies = []
-        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])),
-        }
-        cmd = [sys.executable, "-m", "benchmarks.s3_local", "--serve", str(self.port)]
-        cmd += ["--delay-ms", str(delay_s * 1e3)]
-        self._process = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
-        deadline = time.monotonic() + start_timeout_s
-        while True:
-            try:
-                self.requests(reset=True)
-                break
-            except OSError as e:
-                if self._process.poll() is not None or time.monotonic() > deadline:
-                    self.close()
-                    raise RuntimeError(
-                        f"the moto S3 server process on {self.endpoint} did not start within "
-                        f"{start_timeout_s} s ({e})"
-                    ) from e
-                time.sleep(0.1)
+        args = ["--serve", str(self.port), "--delay-ms", str(delay_s * 1e3)]
+        self._launch(args, "the moto S3 server process", start_timeout_s)
 
     def requests(self, reset: bool = False) -> int:
         """The requests served (the count's own excepted) since the last reset."""
@@ -339,25 +374,9 @@ class S3ServerProcess(_Endpoint):
         finally:
             conn.close()
 
-    @property
-    def pid(self) -> int:
-        return int(self._process.pid)
-
     def close(self) -> None:
         self._close_proxies()
-        if self._process.poll() is None:
-            self._process.terminate()
-            try:
-                self._process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
-
-    def __enter__(self) -> S3ServerProcess:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        self._stop()
 
 
 def weed_binary() -> str:
@@ -659,7 +678,7 @@ def _exit_when_orphaned() -> None:
     threading.Thread(target=watch, daemon=True).start()
 
 
-class DelayProxyProcess:
+class DelayProxyProcess(_HelperProcess):
     """:func:`_delay_proxy` in a process of its own on 127.0.0.1 in front of ``target``
     (an :class:`_Endpoint`): every request held ``delay_s``, requests counted.
 
@@ -670,57 +689,19 @@ class DelayProxyProcess:
     def __init__(self, target: _Endpoint, delay_s: float, start_timeout_s: float = 30.0) -> None:
         self.port, self._control = _free_ports(2)
         self.endpoint = f"http://127.0.0.1:{self.port}"
-        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])),
-        }
-        cmd = [sys.executable, "-m", "benchmarks.s3_local", "--delay-proxy", str(self.port)]
-        cmd += ["--target", str(target.port), "--control", str(self._control)]
-        cmd += ["--delay-ms", str(delay_s * 1e3)]
-        self._process = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
-        deadline = time.monotonic() + start_timeout_s
-        while True:
-            try:
-                self.requests(reset=True)
-                break
-            except OSError as e:
-                if self._process.poll() is not None or time.monotonic() > deadline:
-                    self.close()
-                    raise RuntimeError(
-                        f"the delay proxy on {self.endpoint} did not start within "
-                        f"{start_timeout_s} s ({e})"
-                    ) from e
-                time.sleep(0.1)
+        args = ["--delay-proxy", str(self.port), "--target", str(target.port)]
+        args += ["--control", str(self._control), "--delay-ms", str(delay_s * 1e3)]
+        self._launch(args, "the delay proxy", start_timeout_s)
 
     @property
     def storage_options(self) -> dict[str, Any]:
         return storage_options_for(self.endpoint)
-
-    @property
-    def pid(self) -> int:
-        return int(self._process.pid)
 
     def requests(self, reset: bool = False) -> int:
         """The requests relayed since the last reset."""
         with socket.create_connection(("127.0.0.1", self._control), timeout=5) as s:
             s.sendall(b"reset\n" if reset else b"count\n")
             return int(s.makefile("rb").readline())
-
-    def close(self) -> None:
-        if self._process.poll() is None:
-            self._process.terminate()
-            try:
-                self._process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
-
-    def __enter__(self) -> DelayProxyProcess:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def cpu_seconds(pid: int) -> float:

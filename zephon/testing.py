@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from zephon.checkpoint import dumps, loads
+from zephon.checkpoint.state import merge_states
 from zephon.errors import DroppedRecordsWarning
 from zephon.pipeline.pipeline import Pipeline
 
@@ -125,3 +126,37 @@ def assert_resumes_through_breaks(
             state = roundtrip(pipe.checkpoint())
         prev = stop
     assert_same_batches(reference, got, f"breaks at {list(breaks)}")
+
+
+def global_batches(
+    build: Callable[[int, int], Pipeline],
+    world_size: int,
+    steps: int,
+    state: dict[str, Any] | None = None,
+) -> tuple[list[dict[str, np.ndarray]], dict[str, Any]]:
+    """A job of ``world_size`` ranks in this process, for checks across rank counts:
+    ``build(rank, world_size)`` makes a rank's pipeline (with ``output="lockstep"``), each
+    restored from ``state`` when given; returns ``steps`` global batches (the ranks' batches
+    of a step concatenated in rank order) and the ranks' states after them, merged as a
+    checkpoint round merges them (through the file format).
+
+    Example::
+
+        head, state = global_batches(build, 2, 3)   # 3 steps on 2 ranks
+        tail, _ = global_batches(build, 1, 4, state)  # then 4 on 1 rank
+        reference, _ = global_batches(build, 1, 7)
+        assert_same_batches(reference, head + tail)
+    """
+    pipes = [build(rank, world_size) for rank in range(world_size)]
+    try:
+        if state is not None:
+            for p in pipes:
+                p.restore(state)
+        out = [
+            {k: np.concatenate([b[k] for b in bs]) for k in bs[0]}
+            for bs in ([next(p) for p in pipes] for _ in range(steps))
+        ]
+        return out, merge_states([roundtrip(p.checkpoint()) for p in pipes])
+    finally:
+        for p in pipes:
+            p.close()

@@ -10,7 +10,7 @@ import pytest
 
 from tests.integration.corpus import PACK_OPTIONS, lm_pipeline
 from zephon.checkpoint.state import merge_states
-from zephon.testing import assert_same_batches, roundtrip, take
+from zephon.testing import assert_same_batches, global_batches, roundtrip, take
 
 LANES = 4
 
@@ -48,26 +48,12 @@ def test_pack_options_continue_exactly_from_world_size_2_to_1(option):
         assert got == ref[lane][: len(got)], f"lane {lane} diverged"
         assert after.get(lane)
 
-    def global_batches(world_size, steps, state=None):
-        pipes = [
-            build(rank=r, world_size=world_size, output="lockstep", **kw) for r in range(world_size)
-        ]
-        try:
-            if state is not None:
-                for p in pipes:
-                    p.restore(state)
-            out = [
-                {k: np.concatenate([b[k] for b in bs]) for k in bs[0]}
-                for bs in ([next(p) for p in pipes] for _ in range(steps))
-            ]
-            return out, merge_states([roundtrip(p.checkpoint()) for p in pipes])
-        finally:
-            for p in pipes:
-                p.close()
+    def build_rank(rank, world_size):
+        return build(rank=rank, world_size=world_size, output="lockstep", **kw)
 
-    ref_global, _ = global_batches(1, 8)
-    head, merged = global_batches(2, 3)
-    tail, _ = global_batches(1, 5, merged)
+    ref_global, _ = global_batches(build_rank, 1, 8)
+    head, merged = global_batches(build_rank, 2, 3)
+    tail, _ = global_batches(build_rank, 1, 5, merged)
     assert_same_batches(ref_global, head + tail)
 
 
@@ -102,22 +88,13 @@ def test_interleave_lanes_continue_exactly_in_another_topology(uninterrupted, wo
 
 
 def test_lockstep_global_batches_identical_for_any_world_size():
-    def global_batches(world_size, steps, state=None):
-        pipes = [build(rank=r, world_size=world_size, output="lockstep") for r in range(world_size)]
-        try:
-            if state is not None:
-                for p in pipes:
-                    p.restore(state)
-            out = [np.concatenate([next(p)["tokens"] for p in pipes]) for _ in range(steps)]
-            return out, merge_states([roundtrip(p.checkpoint()) for p in pipes])
-        finally:
-            for p in pipes:
-                p.close()
+    def build_rank(rank, world_size):
+        return build(rank=rank, world_size=world_size, output="lockstep")
 
-    ref, _ = global_batches(1, 10)
-    head, merged = global_batches(4, 4)
-    tail2, _ = global_batches(2, 6, merged)
-    tail1, _ = global_batches(1, 6, merged)
+    ref, _ = global_batches(build_rank, 1, 10)
+    head, merged = global_batches(build_rank, 4, 4)
+    tail2, _ = global_batches(build_rank, 2, 6, merged)
+    tail1, _ = global_batches(build_rank, 1, 6, merged)
     assert_same_batches(ref, head + tail2)
     assert_same_batches(ref, head + tail1)
 

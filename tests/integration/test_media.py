@@ -17,8 +17,7 @@ import numpy as np
 import pytest
 
 import zephon as zp
-from zephon.checkpoint.state import merge_states
-from zephon.testing import assert_resumes_exactly, assert_same_batches, roundtrip, take
+from zephon.testing import assert_resumes_exactly, assert_same_batches, global_batches, take
 
 Image = pytest.importorskip("PIL.Image", reason="pip install zephon[media]")
 av = pytest.importorskip("av", reason="pip install zephon[media]")
@@ -435,28 +434,15 @@ def test_packed_media_global_batches_continue_exactly_in_another_rank_count(
     steps, their states merged, then 1 rank: the batches of 1 rank all along."""
     text = text_corpus(tmp_path)
 
-    def global_batches(world_size: int, steps: int, state: Any = None) -> tuple[list, Any]:
-        pipes = [
-            build_packed(jpeg_shards, 0, text, rank=r, world_size=world_size, output="lockstep")
-            for r in range(world_size)
-        ]
-        try:
-            if state is not None:
-                for p in pipes:
-                    p.restore(state)
-            out = [
-                {k: np.concatenate([b[k] for b in bs]) for k in bs[0]}
-                for bs in ([next(p) for p in pipes] for _ in range(steps))
-            ]
-            return out, merge_states([roundtrip(p.checkpoint()) for p in pipes])
-        finally:
-            for p in pipes:
-                p.close()
+    def build(rank: int, world_size: int) -> zp.Pipeline:
+        return build_packed(
+            jpeg_shards, 0, text, rank=rank, world_size=world_size, output="lockstep"
+        )
 
-    reference, _ = global_batches(1, 7)
+    reference, _ = global_batches(build, 1, 7)
     check_rows(reference)
-    head, merged = global_batches(2, 3)
-    tail, _ = global_batches(1, 4, merged)
+    head, merged = global_batches(build, 2, 3)
+    tail, _ = global_batches(build, 1, 4, merged)
     assert_same_batches(reference, head + tail)
 
 
