@@ -60,6 +60,11 @@ def overhead(docs: list[str], batches: int, warmup: int, repeats: int) -> list[d
         "ray actors=2": lambda: measure_throughput(
             lambda: zephon_lm_pipeline(docs, 0, zp.RayWorkers(2)), batches, warmup
         ),
+        "ray actors=2, zero_copy": lambda: measure_throughput(
+            lambda: zephon_lm_pipeline(docs, 0, zp.RayWorkers(2), zero_copy=True),
+            batches,
+            warmup,
+        ),
     }
     results = interleaved_repeats(cands, repeats, rotate=True)
     base = _median(results["local workers=2"], "batches_per_s")

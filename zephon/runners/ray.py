@@ -21,13 +21,24 @@ the lane's next output keeps it, the other is dropped) and moves lanes when
 ``resize_workers`` adds or removes actors. Moved and speculative lanes run in the actor's
 second concurrency group (:data:`MOVED`), so their replay does not queue behind the calls
 already sent for the actor's own lanes; each run of a lane on an actor has an id, and a
-call of a run that was dropped or replaced does nothing.
+call of a run that was dropped or replaced does nothing. A replay is one call
+(:meth:`~zephon.runners.ray_actor.LaneActor.replay`): the lane's in-flight units, run
+before the actor's other calls until the lane's next record, which it returns at once.
+
+Actors join. ``RayWorkers(n)`` asks Ray for ``n`` actors and starts with those up: it
+waits ``worker_timeout_s`` for the first (none up by then is a WorkerError naming the
+resources asked and available), then :data:`JOIN_GRACE_S` for the others. Those still
+waiting for resources stay asked for (``stats()["ray"]["pending_actors"]``); when Ray
+places one (a node added, by hand or by its autoscaler) it takes lanes from the most
+loaded actors, as lane moves (``stats()["ray"]["joins"]``). An actor that dies is replaced
+by a new one, asked for at once and joining the same way (``replacements``): the count
+asked for stays ``n``.
 
 Errors: an exception raised on an actor arrives in ``next()`` as its own type and
 :class:`~zephon.errors.WorkerError`, naming the actor and the lane; an actor that cannot
-start or be placed within ``worker_timeout_s``, or does not answer for that long, is a
-WorkerError; an unreachable ``address`` a ConnectionError after ``connect_timeout_s``.
-Ray is imported here only, when the pipeline first runs.
+start (its error), or none placed within ``worker_timeout_s``, or one that does not answer
+for that long, is a WorkerError; an unreachable ``address`` a ConnectionError after
+``connect_timeout_s``. Ray is imported here only, when the pipeline first runs.
 """
 
 from __future__ import annotations
@@ -74,6 +85,12 @@ _POLL_S = 0.05
 MOVED = "moved"
 #: Waits for a lane's outputs kept to judge stragglers by.
 _WAITS_KEPT = 8
+#: How long the start waits for the other actors once one is up (see RayExecutor.start).
+JOIN_GRACE_S = 1.0
+#: Feed units past the one holding its replay target that a replay's first call brings.
+_REPLAY_AHEAD = 2
+#: How often a running pipeline looks for pending actors that Ray has placed since.
+_JOIN_CHECK_S = 0.2
 #: Received outputs between two prunings of a lane's received-pieces window.
 _PRUNE_EVERY = 32
 
@@ -111,7 +128,9 @@ class _Actor:
     lanes: list[int] = field(default_factory=list)
     pid: int | None = None
     host: str = "?"
+    node: str = "?"  # Ray's node id
     alive: bool = True
+    ready: Any = None  # the ObjectRef of its ready() call, while it is pending
 
     def name(self) -> str:
         return f"Ray actor {self.index} (pid {self.pid} on {self.host})"
@@ -123,9 +142,17 @@ class _Copy:
 
     actor: _Actor
     run_id: int
-    seen: set[tuple[int, int, int]]
+    seen: np.ndarray  # see _Lane.seen
     calls: deque[Any] = field(default_factory=deque)
     group: str | None = MOVED
+    backlog: list[bytes] = field(default_factory=list)  # see _Lane.backlog
+
+
+#: A lane's replay on an actor, to send (see RayExecutor._send_replays): its run there,
+#: the lane, its replay target (``[chunk_id, offset, child]``, or None), the feed units
+#: (packed) of its first call, and whether that call may return at the lane's next record
+#: (later calls make the rest's outputs).
+_Replay = tuple[_Copy, int, list[int] | None, list[bytes], bool]
 
 
 @dataclass
@@ -144,8 +171,14 @@ class _Lane:
     window: deque[tuple[int, bytes, bytes]] = field(default_factory=deque)
     received: int = 0
     #: After a move: the pieces received before, left out of the next output's tombstones.
-    seen: set[tuple[int, int, int]] | None = None
+    #: ``(chunk_id, offset, child)`` rows, int64: a set only where an output needs it (a
+    #: set of every row, built at once, costs a move milliseconds and a GC pass).
+    seen: np.ndarray | None = None
     copy: _Copy | None = None  # a speculative run, racing this one
+    #: A replay's feed units (packed) not sent yet, sent before any unit pulled now,
+    #: ``step`` units in the next call.
+    backlog: list[bytes] = field(default_factory=list)
+    step: int = 2
     #: This process's recent waits for the lane's outputs, in seconds (for stragglers).
     waits: deque[float] = field(default_factory=lambda: deque(maxlen=_WAITS_KEPT))
 
@@ -154,13 +187,24 @@ class RayExecutor:
     """Runs a rank's lanes on Ray actors; see the module's docstring."""
 
     place = "ray"
+    #: Tests: every wait for a lane's output starts a speculative run of the lane at once
+    #: (as if every lane straggled), so that races and their ends are exercised.
+    force_speculation = False
 
     def __init__(self, plan: Any, spec: RayWorkers, options: WorkerOptions) -> None:
         self.plan = plan
         self.spec = spec
         self.options = options
         self.ray: Any = None
-        self.actors: list[_Actor] = []
+        self.actors: list[_Actor] = []  # up (alive or not), by index
+        #: Actors asked of Ray and not up yet (waiting for resources: a node to be added).
+        self.pending: list[_Actor] = []
+        self.joins = 0  # pending actors that were placed while running and took lanes
+        self.replacements = 0  # actors asked for in place of dead ones
+        self._wanted = 0  # actors asked for: live and pending (see _move)
+        self._replace_at = math.inf  # when to ask for the replacements of dead actors
+        self._indexes = itertools.count()
+        self._join_at = math.inf
         self.lanes: dict[int, _Lane] = {}
         self.moves = 0
         self.speculations = 0
@@ -192,11 +236,13 @@ class RayExecutor:
         )(LaneActor)
         wanted = self.spec.num_workers if self._resize_to is None else self._resize_to
         self._resize_to = None
-        n = min(wanted, len(run.lanes))
         try:
-            self.actors = self._start_actors(range(n))
-            for wid, actor in enumerate(self.actors):
-                actor.lanes = list(run.lanes[wid::n])
+            self._wanted = min(wanted, len(run.lanes))
+            self._launch(self._wanted)
+            up = self._admit(1, self.options.worker_timeout_s, must=True)
+            up += self._admit(len(self.pending), JOIN_GRACE_S)  # the others, if they are up
+            for wid, actor in enumerate(up):
+                actor.lanes = list(run.lanes[wid :: len(up)])
                 for lane in actor.lanes:
                     target = run.targets.get(lane)
                     st = self.lanes[lane] = _Lane(actor, next(self._run_ids), last=target)
@@ -204,52 +250,98 @@ class RayExecutor:
                     self._take(actor, lane, target, st.run_id, None)
             for lane in run.lanes:
                 self._top_up(lane)
+            self._join_at = time.monotonic() + _JOIN_CHECK_S
         except BaseException:
             self.close()
             raise
 
-    def _start_actors(self, indexes: Any) -> list[_Actor]:
-        """Actors built and answering, or a WorkerError saying why not, within
-        ``worker_timeout_s``."""
-        ray = self.ray
+    def _launch(self, count: int) -> None:
+        """Asks Ray for ``count`` more actors: pending until they are up (see _admit)."""
         opts = self.spec.actor_options()
-        actors = [
-            _Actor(i, self._remote_cls.options(**opts).remote(i, self._payload)) for i in indexes
-        ]
-        refs = [a.handle.ready.remote() for a in actors]
-        timeout_s = self.options.worker_timeout_s
-        done, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
-        if pending:
-            for a in actors:
-                ray.kill(a.handle)
+        for _ in range(count):
+            i = next(self._indexes)
+            handle = self._remote_cls.options(**opts).remote(i, self._payload)
+            self.pending.append(_Actor(i, handle, ready=handle.ready.remote()))
+
+    def _admit(self, count: int, timeout_s: float, must: bool = False) -> list[_Actor]:
+        """The pending actors that are up within ``timeout_s`` (waiting for ``count`` of
+        them at most), now live, without lanes yet. An actor that could not start is a
+        WorkerError naming its error; with ``must``, so is finding none up in time,
+        naming the resources asked and available."""
+        ray = self.ray
+        if not self.pending:
+            return []
+        refs = [a.ready for a in self.pending]
+        done, _ = ray.wait(refs, num_returns=max(1, min(count, len(refs))), timeout=timeout_s)
+        if not done and must:
+            opts = self.spec.actor_options()
+            waiting = len(self.pending)
+            self._kill_pending()
             raise WorkerError(
-                f"{len(pending)} of {len(actors)} Ray actors did not start within "
-                f"worker_timeout_s={timeout_s} s: each asks for {opts}, the cluster has "
-                f"{ray.available_resources()} available of {ray.cluster_resources()}. Lower "
-                "RayWorkers(num_workers=..., resources=...) or add nodes"
+                f"none of {waiting} Ray actors started within worker_timeout_s={timeout_s} s: "
+                f"each asks for {opts}, the cluster has {ray.available_resources()} available "
+                f"of {ray.cluster_resources()}. Lower RayWorkers(num_workers=..., "
+                "resources=...) or add nodes"
             )
-        for a, ref in zip(actors, refs, strict=True):
+        ready = {ref.hex() for ref in done}
+        up = [a for a in self.pending if a.ready.hex() in ready]
+        for a in up:
             try:
-                a.pid, a.host = ray.get(ref)
+                a.pid, a.host, a.node = ray.get(a.ready)
             except Exception as e:
-                for b in actors:
-                    ray.kill(b.handle)
+                self._kill_pending()
                 why = re.sub(r"\x1b\[[0-9;]*m", "", str(e))  # Ray colours its messages
                 raise WorkerError(
                     f"Ray actor {a.index} could not start (a missing package on the cluster, "
                     f"or an operator or dataset that does not unpickle there): {why}"
                 ) from e
-        return actors
+        self.pending = [a for a in self.pending if a.ready.hex() not in ready]
+        self.actors = sorted(self.actors + up, key=lambda a: a.index)
+        return up
+
+    def _kill_pending(self, keep: int = 0) -> None:
+        """Kills the pending actors but the first ``keep``."""
+        for a in self.pending[keep:]:
+            self.ray.kill(a.handle)
+        self.pending = self.pending[:keep]
+
+    def _join_pending(self) -> None:
+        """Pending actors that are up now (placed since: a node added, by hand or by Ray's
+        autoscaler) take lanes from the most loaded actors, as lane moves."""
+        self._join_at = time.monotonic() + _JOIN_CHECK_S
+        up = self._admit(len(self.pending), 0)
+        if up:
+            self._spread(up)
+            self.joins += len(up)
+
+    def _spread(self, added: list[_Actor]) -> None:
+        """Each of ``added`` takes lanes from the most loaded live actors, until even."""
+        live = [a for a in self.actors if a.alive]
+        for a in added:
+            while True:
+                donor = max(live, key=lambda b: (len(b.lanes), -b.index))
+                if len(donor.lanes) - len(a.lanes) <= 1:
+                    break
+                lane = donor.lanes[-1]
+                self._relocate(lane, self.lanes[lane], a)
 
     # ------------------------------------------------------------- feeding
     def _top_up(self, lane: int) -> None:
         """Keeps :data:`LOOKAHEAD_CALLS` calls of ``lane`` in flight, each with up to
-        :data:`FEEDS_PER_CALL` feed units."""
+        :data:`FEEDS_PER_CALL` feed units: the rest of a replay first (its backlog, in
+        calls of 2, 4, ... units: the lane's next outputs come back soon), then units
+        pulled now."""
         st = self.lanes[lane]
         assert self._run is not None
-        while not st.fed_end and len(st.calls) < LOOKAHEAD_CALLS:
-            units: list[list[Any]] = []
-            while not st.fed_end and len(units) < FEEDS_PER_CALL:
+        while (st.backlog or not st.fed_end) and len(st.calls) < LOOKAHEAD_CALLS:
+            if st.backlog:
+                feeds = st.backlog[: st.step]
+                del st.backlog[: st.step]
+                st.step = min(2 * st.step, FEEDS_PER_CALL)
+                self._send(st, lane, feeds, [])
+                continue
+            fresh: list[bytes] = []
+            while not st.fed_end and len(fresh) < FEEDS_PER_CALL:
                 feed = self._run.pull(lane)
                 if not feed:
                     st.fed_end = True
@@ -257,17 +349,19 @@ class RayExecutor:
                 for it in feed:
                     if isinstance(it, FlushSentinel) and it.final:
                         st.fed_end, st.final = True, it
-                units.append(feed)
-            if units:
-                self._send(st, lane, units)
+                fresh.append(wire.pack(wire.feed(lane, feed)))
+            if fresh:
+                self._send(st, lane, fresh, fresh)
 
-    def _send(self, st: _Lane, lane: int, units: list[list[Any]]) -> None:
-        """One call of ``lane`` on its actor, bringing ``units`` (feed units, in order)."""
-        feeds = [wire.pack(wire.feed(lane, feed)) for feed in units]
+    def _send(self, st: _Lane, lane: int, feeds: list[bytes], fresh: list[bytes]) -> None:
+        """One call of ``lane`` on its actor, bringing ``feeds`` (packed feed units, in
+        order), of which ``fresh`` were pulled now."""
         st.calls.append(_call(st.actor, "run", st.group, lane, feeds, st.run_id))
-        if st.copy is not None:  # racing: the copy gets every unit too
+        if st.copy is not None and fresh:
+            # racing: the copy gets every unit pulled from now on too (its replay brought
+            # it those pulled before: the lane's backlog too)
             copy = st.copy
-            copy.calls.append(_call(copy.actor, "run", copy.group, lane, feeds, copy.run_id))
+            copy.calls.append(_call(copy.actor, "run", copy.group, lane, fresh, copy.run_id))
 
     @staticmethod
     def _take(
@@ -280,6 +374,13 @@ class RayExecutor:
     def next_output(self, lane: int) -> LaneOutput:
         if self._resize_to is not None:
             self._resize(self._resize_to)
+        if self.pending and time.monotonic() >= self._join_at:
+            self._join_pending()
+        if time.monotonic() >= self._replace_at:
+            # a death's replacement, asked for a little later: its start (a process, the
+            # plan unpickled) does not slow the moved lanes' replays on a shared machine
+            self._replace_at = math.inf
+            self._replace()
         st = self.lanes[lane]
         while not st.outs:
             self._top_up(lane)
@@ -307,6 +408,9 @@ class RayExecutor:
             if self._closed or run.stopping.is_set():
                 raise WorkerError("the pipeline was closed")
             copy = st.copy
+            if copy is None and self.force_speculation and self.spec.speculate:
+                self._speculate(lane, st)
+                copy = st.copy
             refs = [st.calls[0]]
             if copy is not None and copy.calls:
                 refs.append(copy.calls[0])
@@ -355,13 +459,18 @@ class RayExecutor:
         return max(self.spec.straggler_min_s, self.spec.straggler_factor * median)
 
     def _accept(self, lane: int, st: _Lane, made: list[tuple[bytes, list[Any]]]) -> None:
+        zero_copy = self.options.zero_copy
         for raw, arrays in made:
             meta = wire.unpack(raw)
-            # Ray's arrays are read-only views of its object store: copies, as the rings give.
-            out = wire.decode_output(meta, [np.array(a) for a in arrays])
+            # Ray's arrays are read-only views of its object store: copies, as the rings
+            # give, but with zero_copy=True (views then, valid for as long as they are kept)
+            out = wire.decode_output(meta, arrays if zero_copy else [np.array(a) for a in arrays])
             if st.seen is not None:
-                seen = st.seen
-                out.tombstones = [c for c in out.tombstones if (c[0], c[1], c[2]) not in seen]
+                if out.tombstones:
+                    dropped = out.tombstones
+                    rows = st.seen[np.isin(st.seen[:, 0], [c[0] for c in dropped])]
+                    seen = set(map(tuple, rows.tolist()))
+                    out.tombstones = [c for c in dropped if (c[0], c[1], c[2]) not in seen]
                 if out.record is not None or out.end:
                     st.seen = None  # everything the replay dropped came before this output
             pieces = meta.get(wire.CONTRIBUTORS, b"")
@@ -392,7 +501,7 @@ class RayExecutor:
         lane: int,
         st: _Lane,
         to: _Actor,
-        later: list[tuple[_Copy, int, list[Any]]] | None = None,
+        later: list[_Replay] | None = None,
     ) -> _Copy:
         """A fresh run of ``lane`` on ``to``: its pulled in-flight chunks replayed up to
         the last record received (the restore path), the pieces received before noted
@@ -400,40 +509,49 @@ class RayExecutor:
         calls are left there for :meth:`_send_replays`."""
         run = self._run
         assert run is not None and run.inflight is not None
-        seen: set[tuple[int, int, int]] = set()
-        for _, contributors, tombs in st.window:
-            for raw in (contributors, tombs):
-                rows = np.frombuffer(raw, dtype="<i8").reshape(-1, 4)[:, :3]
-                seen.update(map(tuple, rows.tolist()))
-        copy = _Copy(to, next(self._run_ids), seen)
-        self._take(to, lane, st.last, copy.run_id, copy.group)
+        raws = [raw for _, pieces, tombs in st.window for raw in (pieces, tombs) if raw]
+        rows = np.frombuffer(b"".join(raws), dtype="<i8").reshape(-1, 4)[:, :3]
+        copy = _Copy(to, next(self._run_ids), rows)
         units = run.inflight(lane)
         if st.final is not None:
             units.append([st.final])
         feeds = [wire.pack(wire.feed(lane, unit)) for unit in units]
-        if later is None:
-            self._send_replays([(copy, lane, feeds)])
-        else:
-            later.append((copy, lane, feeds))
+        # the first call: the units up to the target's chunk and two more (the replay
+        # makes no output before the target; the next one most likely needs no more)
+        target = st.last
+        upto = 0 if target is None else sum(_chunk_id(u) <= target.chunk_id for u in units)
+        head = min(upto + _REPLAY_AHEAD, len(feeds))
+        where = None if target is None else list(target[1:])
+        # it returns at the lane's next record if later calls make the rest's outputs
+        early = not st.fed_end or head < len(feeds)
+        replay = (copy, lane, where, feeds[:head], early)
+        if later is None:  # a copy: all of it now (it gets every unit pulled from now on)
+            self._send_replays([replay])
+            for i in range(head, len(feeds), FEEDS_PER_CALL):
+                units_i = feeds[i : i + FEEDS_PER_CALL]
+                copy.calls.append(_call(to, "run", copy.group, lane, units_i, copy.run_id))
+        else:  # a move: the rest as the lane's next calls (see _top_up)
+            copy.backlog = feeds[head:]
+            later.append(replay)
         return copy
 
     @staticmethod
-    def _send_replays(replays: list[tuple[_Copy, int, list[Any]]]) -> None:
-        """Replays' calls, one feed unit each (a lane's first output comes back as soon as
-        it is made) and taking turns between lanes (an actor runs its calls in order: a
-        lane waits for the others' first units, not for all of their replays)."""
-        for i in range(max((len(feeds) for _, _, feeds in replays), default=0)):
-            for copy, lane, feeds in replays:
-                if i < len(feeds):
-                    call = _call(copy.actor, "run", copy.group, lane, [feeds[i]], copy.run_id)
-                    copy.calls.append(call)
+    def _send_replays(replays: list[_Replay]) -> None:
+        """Each replay's first call, in the order given (the consumer's): one call (a
+        Ray call costs this process a few hundred microseconds to send, whatever it
+        carries) of :meth:`LaneActor.replay`, which takes the lane and runs its units
+        before the actor's other calls, until it has made the lane's next record where
+        later calls make the rest's outputs."""
+        for copy, lane, where, feeds, early in replays:
+            args = (lane, where, copy.run_id, feeds, early)
+            copy.calls.append(_call(copy.actor, "replay", copy.group, *args))
 
     def _relocate(
         self,
         lane: int,
         st: _Lane,
         to: _Actor,
-        later: list[tuple[_Copy, int, list[Any]]] | None = None,
+        later: list[_Replay] | None = None,
     ) -> None:
         """``lane`` runs on ``to`` from now on, replaying there (a lane move)."""
         old = st.actor
@@ -446,10 +564,12 @@ class RayExecutor:
         if st.copy is not None:
             self._drop_copy(lane, st)
         st.calls.clear()  # their outputs come again from the replay
+        st.backlog = []
         if st.ended:
             return
         fresh = self._replay_on(lane, st, to, later)
         st.run_id, st.calls, st.seen, st.group = fresh.run_id, fresh.calls, fresh.seen, fresh.group
+        st.backlog, st.step = fresh.backlog, 2
 
     def _speculate(self, lane: int, st: _Lane) -> None:
         """Starts ``lane`` again on the least loaded other live actor, racing its run."""
@@ -471,7 +591,7 @@ class RayExecutor:
             old.lanes.remove(lane)
         copy.actor.lanes.append(lane)
         st.actor, st.run_id, st.calls, st.seen = copy.actor, copy.run_id, copy.calls, copy.seen
-        st.group = copy.group
+        st.group, st.backlog = copy.group, []  # the copy got every unit
         st.copy = None
 
     def _drop_copy(self, lane: int, st: _Lane) -> None:
@@ -493,22 +613,23 @@ class RayExecutor:
         for st in self.lanes.values():
             if st.copy is not None and st.copy.actor is dead:
                 st.copy = None
+        self._replace_at = time.monotonic() + _JOIN_CHECK_S  # see next_output
         if not dead.lanes:
             return
         if run.inflight is None:
             raise WorkerError(f"{dead.name()} died ({error}); its lanes cannot move") from error
         live = [a for a in self.actors if a.alive]
         if not live:
+            if not self.pending:
+                self._launch(1)
             try:
-                live = self._start_actors([len(self.actors)])
+                live = self._admit(1, self.options.worker_timeout_s, must=True)
             except WorkerError as e:
                 raise WorkerError(
                     f"{dead.name()} died ({error}) and no actor could take its lanes "
                     f"{dead.lanes}: {e}"
                 ) from e
-            self.actors.extend(live)
-        self.moves += 1
-        replays: list[tuple[_Copy, int, list[Any]]] = []
+        replays: list[_Replay] = []
         for lane in sorted(dead.lanes, key=lambda x: (x < first, x)):
             st = self.lanes[lane]
             if st.copy is not None:
@@ -518,12 +639,23 @@ class RayExecutor:
                 self._relocate(lane, st, to, replays)
         self._send_replays(replays)
         dead.lanes = []
+        self.moves += 1  # counted once done (stats() reads it from another thread)
+
+    def _replace(self) -> None:
+        """Keeps the count asked for after a death: new actors, placed when Ray can (the
+        lost node back, or one its autoscaler adds: their resource requests ask for it),
+        then joining as pending actors do."""
+        missing = self._wanted - sum(a.alive for a in self.actors) - len(self.pending)
+        if missing > 0:
+            self._launch(missing)
+            self.replacements += missing
 
     # -------------------------------------------------------------- resize
     def resize_workers(self, num_workers: int) -> None:
-        """Asks for ``num_workers`` actors: added ones take lanes, removed ones give
-        theirs, as lane moves, when the consumer next asks for a batch (before the
-        pipeline starts: it starts with that many)."""
+        """Asks for ``num_workers`` actors from the consumer's next batch on: added ones
+        take lanes once up (those up within :data:`JOIN_GRACE_S` at once, the others when
+        Ray places them), removed ones (pending ones first) give theirs; each lane moves as
+        when an actor dies. Before the pipeline starts: it starts with that many."""
         if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 1:
             raise ValueError(
                 f"resize_workers(num_workers) must be an int >= 1; got {num_workers!r}"
@@ -535,19 +667,16 @@ class RayExecutor:
         if self._run is None or self._run.inflight is None:
             raise WorkerError("this pipeline's lanes cannot move: resize_workers() needs them to")
         live = [a for a in self.actors if a.alive]
-        n = min(wanted, len(self.lanes))
-        if n > len(live):
-            added = self._start_actors(range(len(self.actors), len(self.actors) + n - len(live)))
-            self.actors.extend(added)
-            live += added
-            for a in added:  # each takes lanes from the most loaded, until even
-                while True:
-                    donor = max(live, key=lambda b: (len(b.lanes), -b.index))
-                    if len(donor.lanes) - len(a.lanes) <= 1:
-                        break
-                    lane = donor.lanes[-1]
-                    self._relocate(lane, self.lanes[lane], a)
-        elif n < len(live):
+        n = self._wanted = min(wanted, len(self.lanes))
+        if n == len(live) + len(self.pending):
+            return
+        if n > len(live) + len(self.pending):
+            self._launch(n - len(live) - len(self.pending))
+            added = self._admit(len(self.pending), JOIN_GRACE_S)
+            if added:  # the others join when they are up (see _join_pending)
+                self._spread(added)
+        elif n <= len(live):
+            self._kill_pending()
             keep, gone = live[:n], live[n:]
             for a in gone:
                 a.alive = False  # takes no lane or copy from here on
@@ -559,7 +688,7 @@ class RayExecutor:
                     self._relocate(lane, self.lanes[lane], to)
                 self.ray.kill(a.handle)
         else:
-            return
+            self._kill_pending(keep=n - len(live))
         self.resizes += 1
 
     # ------------------------------------------------------------ the rest
@@ -571,11 +700,15 @@ class RayExecutor:
                         "id": a.index,
                         "pid": a.pid,
                         "host": a.host,
-                        "lanes": a.lanes,
+                        "node": a.node,
+                        "lanes": list(a.lanes),
                         "alive": a.alive,
                     }
                     for a in self.actors
                 ],
+                "pending_actors": len(self.pending),
+                "joins": self.joins,
+                "replacements": self.replacements,
                 "lane_moves": self.moves,
                 "resizes": self.resizes,
                 "speculate": self.spec.speculate,
@@ -598,6 +731,13 @@ class RayExecutor:
                 except Exception:  # noqa: BLE001 - gone already
                     pass
             a.alive = False
+        if ray is not None:
+            for a in self.pending:
+                try:
+                    ray.kill(a.handle)
+                except Exception:  # noqa: BLE001 - gone already
+                    pass
+        self.pending = []
         for st in self.lanes.values():
             st.calls.clear()
             st.outs.clear()
@@ -611,6 +751,11 @@ def _call(actor: _Actor, method: str, group: str | None, *args: Any) -> Any:
     if group is not None:
         bound = bound.options(concurrency_group=group)
     return bound.remote(*args)
+
+
+def _chunk_id(unit: list[Any]) -> float:
+    """A feed unit's chunk id (infinity for a unit without a chunk: a final sentinel)."""
+    return getattr(unit[0], "chunk_id", math.inf)
 
 
 def _top_chunk(raw: bytes) -> int:

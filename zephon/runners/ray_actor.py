@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 from collections import deque
 from typing import Any
 
@@ -28,6 +29,8 @@ OK = "ok"
 #: Set in each actor's process to the actor's index (0, 1, ...).
 ACTOR_ENV = "ZEPHON_RAY_ACTOR"
 ERROR = "error"
+#: The longest a call waits for urgent calls before each output it makes.
+_YIELD_S = 1.0
 
 
 class _Starved(Exception):
@@ -55,10 +58,15 @@ class LaneActor:
         self.lanes: dict[int, tuple[LaneOutputs, deque[list[Any]]]] = {}
         #: Each lane's current run (see :meth:`take`): calls of an older one are no-ops.
         self.runs: dict[int, int] = {}
+        #: Urgent calls running (see :meth:`run`), and where the others wait for them.
+        self.urgent = 0
+        self.calm = threading.Condition()
 
-    def ready(self) -> tuple[int, str]:
-        """This actor's process id and host, once it is built."""
-        return os.getpid(), socket.gethostname()
+    def ready(self) -> tuple[int, str, str]:
+        """This actor's process id, host and Ray node id, once it is built."""
+        import ray
+
+        return os.getpid(), socket.gethostname(), ray.get_runtime_context().get_node_id()
 
     def take(self, lane: int, target: list[int] | None, run_id: int = 0) -> None:
         """``lane`` runs here from now on (as run ``run_id``), from its first feed unit
@@ -81,20 +89,67 @@ class LaneActor:
         self.lanes[lane] = (LaneOutputs(runner, pull, 1), feeds)
         self.runs[lane] = run_id
 
+    def replay(
+        self,
+        lane: int,
+        target: list[int] | None,
+        run_id: int,
+        feeds: list[bytes],
+        until_record: bool = True,
+    ) -> tuple[str, Any]:
+        """:meth:`take` and an urgent :meth:`run` in one call, the first of a lane that
+        moved here or runs here speculatively; with ``until_record`` it returns once the
+        lane has made its next record (the first after ``target``), its other units left
+        queued for the lane's next call."""
+        self.take(lane, target, run_id)
+        return self.run(lane, feeds, run_id, urgent=True, until_record=until_record)
+
     def drop(self, lane: int, run_id: int) -> None:
         """Forgets run ``run_id`` of ``lane`` (it runs elsewhere now): its calls still
         queued do nothing. A newer run of the lane here (taken since) stays."""
         if self.runs.get(lane) == run_id:
             del self.lanes[lane], self.runs[lane]
 
-    def run(self, lane: int, feeds: list[bytes], run_id: int = 0) -> tuple[str, Any]:
+    def run(
+        self,
+        lane: int,
+        feeds: list[bytes],
+        run_id: int = 0,
+        urgent: bool = False,
+        until_record: bool = False,
+    ) -> tuple[str, Any]:
         """Adds feed units of ``lane`` and makes every output it can: ``("ok",
         [(meta, arrays), ...])``, or ``("error", message)`` for an exception (the actor
         goes on living; the parent raises it). A call of a run this actor no longer has
-        (dropped, or taken again since) does nothing: ``("ok", [])``."""
+        (dropped, or taken again since) does nothing: ``("ok", [])``.
+
+        An ``urgent`` call (a moved or speculative lane's replay, which the consumer waits
+        for) goes first: while one runs, the others (in the other concurrency group) wait
+        before each output they make, instead of sharing the interpreter with it. With
+        ``until_record`` the call returns at its first record, the rest of its units left
+        queued."""
         held = self.lanes.get(lane)
         if held is None or self.runs.get(lane) != run_id:
             return OK, []
+        if urgent:
+            with self.calm:
+                self.urgent += 1
+            try:
+                return self._run(lane, held, feeds, urgent, until_record)
+            finally:
+                with self.calm:
+                    self.urgent -= 1
+                    self.calm.notify_all()
+        return self._run(lane, held, feeds, urgent, until_record)
+
+    def _run(
+        self,
+        lane: int,
+        held: tuple[LaneOutputs, deque[list[Any]]],
+        feeds: list[bytes],
+        urgent: bool,
+        until_record: bool,
+    ) -> tuple[str, Any]:
         outputs, queue = held
         try:
             for feed in feeds:
@@ -103,6 +158,9 @@ class LaneActor:
                     queue.append(items)
             made: list[tuple[bytes, list[Any]]] = []
             while True:
+                if self.urgent and not urgent:
+                    with self.calm:
+                        self.calm.wait_for(lambda: not self.urgent, timeout=_YIELD_S)
                 try:
                     out = outputs.next(lane)
                 except _Starved:
@@ -111,7 +169,7 @@ class LaneActor:
                 data = None if rec is None else rec.data  # a deferred batch stacks here
                 meta, arrays = wire.output_meta(out, data)
                 made.append((wire.pack(meta), arrays))
-                if out.end:
+                if out.end or (until_record and rec is not None):
                     break
             return OK, made
         except Exception as e:  # noqa: BLE001 - sent to the parent, which raises it

@@ -50,10 +50,14 @@ class RayWorkers:
     plan over the lanes it owns and returns their batches through Ray's object store. The
     batches are those of ``workers=0``, bit for bit, and a checkpoint restores into any
     executor. An actor that dies gives its lanes to the others, which replay their
-    in-flight chunks: no batch changes.
+    in-flight chunks: no batch changes; a new actor is asked for in its place.
 
     Args:
-        num_workers: actors for this rank (at most one per lane is used).
+        num_workers: actors for this rank (at most one per lane is used). The pipeline
+            starts once one is up (none within ``worker_timeout_s`` is an error naming the
+            resources asked and available) with those up then or within a second; the
+            others join when Ray places them (a node added, e.g. by its autoscaler) and
+            take lanes from the most loaded actors.
         address: ``None``: the Ray this process is connected to, else a local one started
             on 127.0.0.1 (see :func:`start_local_ray`); an address (``"host:6379"``,
             ``"ray://host:10001"``): join that cluster, an error naming it after
