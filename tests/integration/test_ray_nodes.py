@@ -171,12 +171,18 @@ def test_lost_node_moves_its_lanes_and_its_replacement_joins_on_a_new_node(nodes
     assert [a["alive"] for a in stats["actors"]] == [False, True, True]
     assert sorted(stats["actors"][1]["lanes"] + stats["actors"][2]["lanes"]) == [0, 1, 2, 3]
     assert len({a["node"] for a in stats["actors"]}) == 3
+    _same_as_in_process(kw, got, state, cut, "the loss of a node")
+
+
+def _same_as_in_process(kw: dict, got: list, state: dict, cut: int, what: str) -> None:
+    """``got`` is what ``workers=0`` gives, and ``state`` (taken after ``got[:cut]``)
+    restores in process to the 6 batches after it."""
     with lm_pipeline(**kw) as p:
         ref = take(p, len(got))
-    assert_same_batches(ref, got, "across the loss of a node")
+    assert_same_batches(ref, got, f"across {what}")
     with lm_pipeline(**kw) as q:
         q.restore(state)
-        assert_same_batches(ref[cut:], take(q, 6), "restored after the node loss")
+        assert_same_batches(ref[cut:], take(q, 6), f"restored after {what}")
 
 
 def test_actors_placed_later_join_and_take_lanes(nodes):
@@ -206,12 +212,7 @@ def test_actors_placed_later_join_and_take_lanes(nodes):
     assert stats["pending_actors"] == 0 and stats["joins"] == 1, stats
     assert sorted(stats["actors"][0]["lanes"] + stats["actors"][1]["lanes"]) == [0, 1, 2, 3]
     assert len({a["node"] for a in stats["actors"]}) == 2 and stats["lane_moves"] == 0
-    with lm_pipeline(**kw) as p:
-        ref = take(p, len(got))
-    assert_same_batches(ref, got, "an actor joining while running")
-    with lm_pipeline(**kw) as q:
-        q.restore(state)
-        assert_same_batches(ref[cut:], take(q, 6), "restored after the join")
+    _same_as_in_process(kw, got, state, cut, "an actor joining while running")
 
 
 def test_every_socket_of_every_node_is_on_loopback(nodes):
