@@ -17,8 +17,8 @@ PyDoc_STRVAR(close_run_doc,
              "docs (a dict), a last piece adds 1 to docs[components[offset]] (components: the\n"
              "chunk's component per offset, a list of ints).");
 
-/* docs[key] += 1 for a dict docs. */
-static int count_doc(PyObject *docs, PyObject *key) {
+/* docs[key] += by for a dict docs. */
+static int count_docs(PyObject *docs, PyObject *key, long by) {
     PyObject *had = PyDict_GetItemWithError(docs, key); /* borrowed */
     if (had == NULL && PyErr_Occurred()) {
         return -1;
@@ -27,7 +27,7 @@ static int count_doc(PyObject *docs, PyObject *key) {
     if (n == -1 && PyErr_Occurred()) {
         return -1;
     }
-    PyObject *v = PyLong_FromLong(n + 1);
+    PyObject *v = PyLong_FromLong(n + by);
     if (v == NULL) {
         return -1;
     }
@@ -35,6 +35,9 @@ static int count_doc(PyObject *docs, PyObject *key) {
     Py_DECREF(v);
     return rc;
 }
+
+/* Components below this are counted in a local array and added to docs once a call. */
+#define LOCAL_COMPONENTS 64
 
 static PyObject *py_close_run(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *delivered, *total, *pieces, *components = Py_None, *docs = Py_None;
@@ -60,6 +63,7 @@ static PyObject *py_close_run(PyObject *Py_UNUSED(self), PyObject *args) {
         return NULL;
     }
     long closed = 0;
+    long local[LOCAL_COMPONENTS] = {0};
     for (; i < n; i++) {
         PyObject *p = PyList_GET_ITEM(pieces, i), **f;
         if (PyTuple_Check(p) && PyTuple_GET_SIZE(p) == 4) { /* a Contributor */
@@ -98,14 +102,36 @@ static PyObject *py_close_run(PyObject *Py_UNUSED(self), PyObject *args) {
             if (v == NULL || PyList_SetItem(total, offset, v) < 0) {
                 return NULL;
             }
-            if (docs != NULL && count_doc(docs, PyList_GET_ITEM(components, offset)) < 0) {
-                return NULL;
+            if (docs != NULL) {
+                PyObject *key = PyList_GET_ITEM(components, offset);
+                long c = PyLong_AsLong(key);
+                if (c == -1 && PyErr_Occurred()) {
+                    return NULL;
+                }
+                if (c >= 0 && c < LOCAL_COMPONENTS) {
+                    local[c]++;
+                } else if (count_docs(docs, key, 1) < 0) {
+                    return NULL;
+                }
             }
         }
         unsigned long long bit = 1ULL << offset;
         if (got == want && !(bitmap & bit)) {
             bitmap |= bit;
             closed++;
+        }
+    }
+    if (docs != NULL) {
+        for (long c = 0; c < LOCAL_COMPONENTS; c++) {
+            if (local[c] == 0) {
+                continue;
+            }
+            PyObject *key = PyLong_FromLong(c);
+            int rc = key == NULL ? -1 : count_docs(docs, key, local[c]);
+            Py_XDECREF(key);
+            if (rc < 0) {
+                return NULL;
+            }
         }
     }
     return Py_BuildValue("(nKl)", i, bitmap, closed);
