@@ -130,10 +130,17 @@ def rebuild_error(worker: int, pid: int, msg: dict[str, Any]) -> BaseException:
             f"worker {worker} (pid {pid}) exited with code {msg['exit_code']}: a function it ran "
             f"called sys.exit({arg}). Its traceback:\n{msg['traceback']}"
         )
+    return raised_as(msg, f"worker {worker} (pid {pid})")
+
+
+def raised_as(msg: dict[str, Any], who: str, elsewhere: str = "") -> BaseException:
+    """The exception ``msg`` describes, raised by ``who`` (a worker, a Ray actor), with its
+    message, who raised it, where (``msg["where"]``, else ``elsewhere``) and its traceback:
+    of its own type and WorkerError where :func:`rebuild_error` says so."""
     where = msg.get("where")
-    at = f" in {where}" if where else ""
+    at = f" in {where}" if where else elsewhere
     text = (
-        f"{msg['message']}\n\n[worker {worker} (pid {pid}) raised {msg['type']}{at}; its "
+        f"{msg['message']}\n\n[{who} raised {msg['type']}{at}; its "
         f"traceback:]\n{msg['traceback'].rstrip()}"
     )
     base = _original_type(msg)

@@ -60,7 +60,7 @@ from zephon.records import FlushSentinel, SampleCursor
 from zephon.runners import wire
 from zephon.runners.base import LaneRun
 from zephon.runners.chain import LaneOutput
-from zephon.runners.faults import _original_type, _rebuilt
+from zephon.runners.faults import raised_as
 from zephon.runners.options import WorkerOptions
 from zephon.runners.ray_actor import ERROR, LaneActor
 from zephon.runners.ray_options import (
@@ -767,12 +767,4 @@ def _top_chunk(raw: bytes) -> int:
 
 def _actor_error(actor: _Actor, lane: int, msg: dict[str, Any]) -> BaseException:
     """An actor's exception as its own type and WorkerError, naming the actor and lane."""
-    where = msg.get("where")
-    at = f" in {where}" if where else f" running lane {lane}"
-    text = (
-        f"{msg['message']}\n\n[{actor.name()}, lane {lane}: raised {msg['type']}{at}; its "
-        f"traceback:]\n{msg['traceback'].rstrip()}"
-    )
-    base = _original_type(msg)
-    err = None if base is None else _rebuilt(base, text)
-    return err if err is not None else WorkerError(f"{msg['type']}: {text}")
+    return raised_as(msg, f"{actor.name()}, lane {lane}:", f" running lane {lane}")
