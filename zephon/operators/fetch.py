@@ -108,24 +108,16 @@ class Fetch(Operator):
     def _count(
         self, lane: int, c: int, before: tuple[int, int, int], after: tuple[int, int, int]
     ) -> None:
+        """Adds the reads between ``before`` and ``after`` (:func:`thread_reads`) to
+        ``lane``'s and component ``c``'s counts."""
         with _COUNTING:  # reads of one lane may run on several threads (parallelism)
-            self._add(lane, c, before, after)
-
-    def _add(
-        self, lane: int, c: int, before: tuple[int, int, int], after: tuple[int, int, int]
-    ) -> None:
-        per = self.reads.get(lane)
-        if per is None:
-            per = self.reads[lane] = {}
-        row = per.get(c)
-        if row is None:
-            row = per[c] = [0, 0, 0]
-        row[0] += after[0] - before[0]
-        row[1] += after[1] - before[1]
-        retried = after[2] - before[2]
-        if retried:
-            row[2] += retried
-            self.io_retries[lane] = self.io_retries.get(lane, 0) + retried
+            row = self.reads.setdefault(lane, {}).setdefault(c, [0, 0, 0])
+            row[0] += after[0] - before[0]
+            row[1] += after[1] - before[1]
+            retried = after[2] - before[2]
+            if retried:
+                row[2] += retried
+                self.io_retries[lane] = self.io_retries.get(lane, 0) + retried
 
     def _where(self, ds: Any, c: int, indices: list[int], e: BaseException) -> str:
         """The sample of ``indices`` whose read raised ``e`` (of ``ds``, component ``c``),
