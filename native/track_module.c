@@ -39,14 +39,34 @@ static int count_docs(PyObject *docs, PyObject *key, long by) {
 /* Components below this are counted in a local array and added to docs once a call. */
 #define LOCAL_COMPONENTS 64
 
-static PyObject *py_close_run(PyObject *Py_UNUSED(self), PyObject *args) {
-    PyObject *delivered, *total, *pieces, *components = Py_None, *docs = Py_None;
-    unsigned long long bitmap;
-    long chunk_id;
-    Py_ssize_t i;
-    if (!PyArg_ParseTuple(args, "O!O!KlO!n|OO:close_run", &PyList_Type, &delivered, &PyList_Type,
-                          &total, &bitmap, &chunk_id, &PyList_Type, &pieces, &i, &components,
-                          &docs)) {
+/* The arguments are checked here as PyArg_ParseTuple("O!O!KlO!n|OO") would: a call per run
+ * of pieces, where parsing a format was much of the call. */
+static PyObject *py_close_run(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 6 || nargs > 8) {
+        PyErr_Format(PyExc_TypeError, "close_run takes from 6 to 8 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    PyObject *delivered = args[0], *total = args[1], *pieces = args[4];
+    PyObject *components = nargs > 6 ? args[6] : Py_None, *docs = nargs > 7 ? args[7] : Py_None;
+    if (!PyList_Check(delivered) || !PyList_Check(total) || !PyList_Check(pieces)) {
+        PyErr_SetString(PyExc_TypeError, "close_run: delivered, total and pieces must be lists");
+        return NULL;
+    }
+    if (!PyLong_Check(args[2])) {
+        PyErr_Format(PyExc_TypeError, "close_run: bitmap must be int, not %.50s",
+                     Py_TYPE(args[2])->tp_name);
+        return NULL;
+    }
+    unsigned long long bitmap = PyLong_AsUnsignedLongLongMask(args[2]);
+    if (bitmap == (unsigned long long)-1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    long chunk_id = PyLong_AsLong(args[3]);
+    if (chunk_id == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    Py_ssize_t i = PyNumber_AsSsize_t(args[5], PyExc_OverflowError);
+    if (i == -1 && PyErr_Occurred()) {
         return NULL;
     }
     Py_ssize_t size = PyList_GET_SIZE(delivered), n = PyList_GET_SIZE(pieces);
@@ -63,7 +83,8 @@ static PyObject *py_close_run(PyObject *Py_UNUSED(self), PyObject *args) {
         return NULL;
     }
     long closed = 0;
-    long local[LOCAL_COMPONENTS] = {0};
+    long local[LOCAL_COMPONENTS];
+    long top = 0; /* local[:top] are the counts so far; local[top:] is not set yet */
     for (; i < n; i++) {
         PyObject *p = PyList_GET_ITEM(pieces, i), **f;
         if (PyTuple_Check(p) && PyTuple_GET_SIZE(p) == 4) { /* a Contributor */
@@ -109,6 +130,9 @@ static PyObject *py_close_run(PyObject *Py_UNUSED(self), PyObject *args) {
                     return NULL;
                 }
                 if (c >= 0 && c < LOCAL_COMPONENTS) {
+                    for (; top <= c; top++) {
+                        local[top] = 0;
+                    }
                     local[c]++;
                 } else if (count_docs(docs, key, 1) < 0) {
                     return NULL;
@@ -122,7 +146,7 @@ static PyObject *py_close_run(PyObject *Py_UNUSED(self), PyObject *args) {
         }
     }
     if (docs != NULL) {
-        for (long c = 0; c < LOCAL_COMPONENTS; c++) {
+        for (long c = 0; c < top; c++) {
             if (local[c] == 0) {
                 continue;
             }
@@ -134,7 +158,27 @@ static PyObject *py_close_run(PyObject *Py_UNUSED(self), PyObject *args) {
             }
         }
     }
-    return Py_BuildValue("(nKl)", i, bitmap, closed);
+    PyObject *out = PyTuple_New(3), *item;
+    if (out == NULL) {
+        return NULL;
+    }
+    /* (i, bitmap, closed), as Py_BuildValue("(nKl)") makes it, without parsing a format */
+    if ((item = PyLong_FromSsize_t(i)) == NULL) {
+        goto fail;
+    }
+    PyTuple_SET_ITEM(out, 0, item);
+    if ((item = PyLong_FromUnsignedLongLong(bitmap)) == NULL) {
+        goto fail;
+    }
+    PyTuple_SET_ITEM(out, 1, item);
+    if ((item = PyLong_FromLong(closed)) == NULL) {
+        goto fail;
+    }
+    PyTuple_SET_ITEM(out, 2, item);
+    return out;
+fail:
+    Py_DECREF(out);
+    return NULL;
 }
 
 PyDoc_STRVAR(whole_samples_doc,
@@ -196,7 +240,7 @@ fail:
 }
 
 static PyMethodDef methods[] = {
-    {"close_run", py_close_run, METH_VARARGS, close_run_doc},
+    {"close_run", (PyCFunction)(void (*)(void))py_close_run, METH_FASTCALL, close_run_doc},
     {"whole_samples", py_whole_samples, METH_VARARGS, whole_samples_doc},
     {NULL, NULL, 0, NULL},
 };

@@ -64,10 +64,15 @@ def test_fetch_counts_each_lanes_reads_per_component_and_a_fresh_copy_starts_at_
     assert op.read([1, 1, 0], [0, 3, 0], lane=5)[1] == {"text": "bbbb"}
     assert op.lane_reads(3) == ((0, size_a, 1, 0),)  # one neighbourhood: one pread
     first_a = len(json.dumps({"text": "a"})) + 1
+    first_b = len(json.dumps({"text": "b"})) + 1
     assert op.lane_reads(5) == ((0, first_a, 1, 0), (1, size_b, 1, 0))
     assert op.lane_reads(7) == ()
     op.read([0], [1])  # no lane (a read outside a chain): not counted
     assert op.lane_reads(3) == ((0, size_a, 1, 0),)
+    more = op.read([1], [0], lane=3)  # a lane asked about already reads again: it grows
+    assert more == [{"text": "b"}] and op.lane_reads(3) == ((0, size_a, 1, 0), (1, first_b, 1, 0))
+    op.read([0], [7], lane=3)
+    assert op.lane_reads(3)[0] == (0, size_a + len(json.dumps({"text": "a" * 8})) + 1, 2, 0)
     clone = op.fresh()
     assert clone.lane_reads(3) == () and op.lane_reads(3) != ()
     assert clone.read([1], [2], lane=3) == [{"text": "bbb"}]  # the datasets stay bound

@@ -226,6 +226,49 @@ def test_documents_count_alike_in_c_and_python(monkeypatch):
 
 
 @pytest.mark.native
+def test_a_lanes_delivery_counts_alike_in_c_and_python(monkeypatch):
+    """LaneTracker.deliver closes runs of several chunks (sizes below and above 64, the C
+    path and the Python one) to the same bitmaps, closed counts and document counts."""
+    rng = np.random.default_rng(7)
+    sizes = {3: 64, 4: 5, 5: 70, 6: 64}  # 70 offsets: the Python path, in C mode too
+    pieces = [
+        Contributor(c, o, k, k == 1)
+        for c, n in sizes.items()
+        for o in rng.permutation(n).tolist()
+        for k in (0, 1)
+    ]
+    assert tracking._NATIVE is not None, "zephon._track is not built (native tests need it)"
+    seen = []
+    for native in (tracking._NATIVE, None):
+        monkeypatch.setattr(tracking, "_NATIVE", native)
+        t = LaneTracker(0, ListSource(), EPOCH, 0)
+        for c, n in sizes.items():
+            comps = np.random.default_rng(c).integers(0, 100, n).astype(np.int32)
+            t.inflight[c] = ChunkTrack(WorkChunk(0, c, comps, np.arange(n, dtype=np.int64), 0))
+        docs: dict[int, int] = {}
+        t.deliver(pieces[:101], None, docs)  # a delivery that ends inside chunk 3's run
+        t.deliver(pieces[101:], None, docs)
+        seen.append((docs, {c: (k.bitmap, k.closed) for c, k in t.inflight.items()}))
+    assert seen[0] == seen[1]
+    assert sum(seen[0][0].values()) == sum(sizes.values())
+    assert all(closed == sizes[c] for c, (_, closed) in seen[0][1].items())
+
+
+@pytest.mark.native
+def test_close_run_in_c_refuses_what_its_python_twin_would_not_take():
+    native = tracking._NATIVE
+    assert native is not None, "zephon._track is not built (native tests need it)"
+    ok = ([0] * 4, [0] * 4, 0, 5, [Contributor(5, 0, 0, True)], 0)
+    assert native.close_run(*ok) == (1, 1, 1)
+    with pytest.raises(TypeError, match="from 6 to 8 arguments"):
+        native.close_run(*ok[:5])
+    with pytest.raises(TypeError, match="must be lists"):
+        native.close_run((0,) * 4, *ok[1:])
+    with pytest.raises(TypeError, match="bitmap must be int"):
+        native.close_run(ok[0], ok[1], 1.5, *ok[3:])
+
+
+@pytest.mark.native
 def test_whole_samples_in_c_are_pythons_and_untracked_by_the_collector(monkeypatch):
     assert records._NATIVE is not None, "zephon._track is not built (native tests need it)"
     made = records.whole_samples(5, 3, 67)

@@ -29,6 +29,9 @@ class Fetch(Operator):
         #: Per lane, per component read: ``[bytes, requests, retries]`` of the range reads
         #: its dataset made (``stats()["reads"]``; see :meth:`lane_reads`).
         self.reads: dict[int, dict[int, list[int]]] = {}
+        #: Per lane, what :meth:`lane_reads` returns, made when first asked for after the
+        #: lane's counts changed (a lane's counts are asked for after every run).
+        self._lane_reads: dict[int, tuple[tuple[int, int, int, int], ...]] = {}
         #: Some dataset reads from object storage: a worker reads chunks ahead.
         self.remote = False
         #: The components' names, for the error that names a sample it could not read.
@@ -68,9 +71,15 @@ class Fetch(Operator):
 
     def lane_reads(self, lane: int) -> tuple[tuple[int, int, int, int], ...]:
         """``(component, bytes, requests, retries)`` per component that ``lane`` read
-        from, since this operator started (what a lane's counters carry to the parent)."""
-        per = self.reads.get(lane)
-        return () if per is None else tuple((c, *v) for c, v in sorted(per.items()))  # type: ignore[misc]
+        from, since this operator started (what a lane's counters carry to the parent):
+        the same tuple until the lane's counts change."""
+        got = self._lane_reads.get(lane)
+        if got is None:
+            with _COUNTING:
+                per = self.reads.get(lane)
+                got = () if per is None else tuple((c, *v) for c, v in sorted(per.items()))  # type: ignore[misc]
+                self._lane_reads[lane] = got
+        return got
 
     def _read(
         self, comps: list[int], indices: list[int], read: Any = read_many, lane: int | None = None
@@ -111,6 +120,7 @@ class Fetch(Operator):
         """Adds the reads between ``before`` and ``after`` (:func:`thread_reads`) to
         ``lane``'s and component ``c``'s counts."""
         with _COUNTING:  # reads of one lane may run on several threads (parallelism)
+            self._lane_reads.pop(lane, None)
             row = self.reads.setdefault(lane, {}).setdefault(c, [0, 0, 0])
             row[0] += after[0] - before[0]
             row[1] += after[1] - before[1]
@@ -158,6 +168,7 @@ class Fetch(Operator):
         clone = copy.copy(self)
         clone.io_retries = {}
         clone.reads = {}
+        clone._lane_reads = {}
         return clone
 
     def fingerprint(self) -> str:

@@ -137,7 +137,11 @@ class ChunkTrack:
         document's last piece adds 1 to ``docs[its component]``."""
         chunk_id = self.chunk_id
         delivered, total = self.delivered, self.total
-        comps = None if docs is None else self.components
+        comps = None
+        if docs is not None:
+            comps = self._components  # (the property's list, without a call per run)
+            if comps is None:
+                comps = self.components
         if _NATIVE is not None and self.size <= 64 and type(pieces) is list:
             i, self.bitmap, closed = _NATIVE.close_run(
                 delivered, total, self.bitmap, chunk_id, pieces, i, comps, docs
@@ -277,6 +281,7 @@ class LaneTracker:
         component]``."""
         inflight = self.inflight
         i, n = 0, len(contributors)
+        native = _NATIVE if type(contributors) is list else None
         while i < n:  # pieces come in runs of one chunk
             chunk_id = contributors[i][0]
             track = inflight.get(chunk_id)
@@ -285,7 +290,19 @@ class LaneTracker:
                     f"lane {self.lane}: delivery names chunk {chunk_id}, which is not in "
                     f"flight (in flight: {list(inflight)[:8]}...); this is a Zephon bug"
                 )
-            i = track.add_run(contributors, i, docs)
+            if native is not None and track.size <= 64:  # add_run's C path, without its call
+                comps = None
+                if docs is not None:
+                    comps = track._components
+                    if comps is None:
+                        comps = track.components
+                i, track.bitmap, closed = native.close_run(
+                    track.delivered, track.total, track.bitmap, track.chunk_id, contributors,
+                    i, comps, docs,
+                )  # fmt: skip
+                track.closed += closed
+            else:
+                i = track.add_run(contributors, i, docs)
 
     def deliver(
         self,
