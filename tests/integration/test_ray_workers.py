@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import threading
 import time
 from pathlib import Path
@@ -438,6 +439,56 @@ def test_user_error_names_type_actor_and_lane(ray_cluster):
     assert isinstance(info.value, WorkerError)
     assert "a long document" in str(info.value)
     assert "Ray actor" in str(info.value) and "lane " in str(info.value)
+
+
+def test_a_lane_that_kills_every_actor_is_an_error_naming_it(ray_cluster):
+    """A sample whose map kills the process (os._exit) kills every actor its lane moves
+    to: after max_lane_restarts moves the next death ends the run with an error naming
+    the lane, its deaths and Ray's cause, instead of moving the lane forever."""
+
+    def crash(d):
+        if d["tokens"].size == 210:  # the document of 209 bytes (and its end token)
+            os._exit(3)
+        return {"tokens": np.resize(d["tokens"], 8)}
+
+    src = zp.StaticMixtureWorkSource(
+        datasets={"docs": zp.ArraySource(["x" * n for n in range(20, 400, 7)])},
+        weights={"docs": 1.0},
+        seed=1,
+        chunk_size=4,
+        num_epochs=1,
+    )
+    spec = zp.RayWorkers(2, max_lane_restarts=1)
+    pipe = zp.Pipeline(src, canonical_replicas=2, workers=spec)
+    pipe = pipe.fetch().tokenize(zp.ByteTokenizer()).map(crash).batch(2)
+    ended: list[BaseException] = []
+
+    def run():
+        try:
+            take(pipe)
+        except BaseException as e:  # noqa: BLE001 - checked below
+            ended.append(e)
+
+    with pipe:
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        t.join(300)  # a pipeline that moves the lane forever never ends
+        assert not t.is_alive(), f"still running: {pipe.stats()['ray']}"
+        moves = pipe.stats()["ray"]["lane_moves"]
+    assert len(ended) == 1 and isinstance(ended[0], WorkerError), ended
+    msg = str(ended[0])
+    assert re.search(r"died running lane [01]: 2 deaths in a row of the actors running it", msg)
+    assert "RayWorkers(max_lane_restarts=1)" in msg, msg
+    assert "The actor is dead because" in msg and "\n" not in msg, msg
+    assert moves == 1  # the first death moved the lane; the second did not
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "3"])
+def test_max_lane_restarts_is_checked(bad):
+    with pytest.raises(ValueError, match=r"max_lane_restarts=\.\.\.\) must be an int >= 0 or None"):
+        zp.RayWorkers(2, max_lane_restarts=bad)
+    assert zp.RayWorkers(2).max_lane_restarts == 3
+    assert zp.RayWorkers(2, max_lane_restarts=None).max_lane_restarts is None
 
 
 def _missing_on_the_cluster():

@@ -24,6 +24,8 @@ already sent for the actor's own lanes; each run of a lane on an actor has an id
 call of a run that was dropped or replaced does nothing. A replay is one call
 (:meth:`~zephon.runners.ray_actor.LaneActor.replay`): the lane's in-flight units, run
 before the actor's other calls until the lane's next record, which it returns at once.
+A lane whose actors keep dying before it gets past its chunks (a sample that kills the
+process running it) is a WorkerError after ``RayWorkers.max_lane_restarts`` moves in a row.
 
 Actors join. ``RayWorkers(n)`` asks Ray for ``n`` actors and starts with those up: it
 waits ``worker_timeout_s`` for the first (none up by then is a WorkerError naming the
@@ -179,6 +181,11 @@ class _Lane:
     #: ``step`` units in the next call.
     backlog: list[bytes] = field(default_factory=list)
     step: int = 2
+    #: Deaths in a row of the actor running the lane (see _count_death), and the highest
+    #: chunk id pulled for the lane: at the last of them, and now.
+    deaths: int = 0
+    death_top: int = -1
+    pulled_top: int = -1
     #: This process's recent waits for the lane's outputs, in seconds (for stragglers).
     waits: deque[float] = field(default_factory=lambda: deque(maxlen=_WAITS_KEPT))
 
@@ -296,6 +303,10 @@ class RayExecutor:
                     f"or an operator or dataset that does not unpickle there): {why}"
                 ) from e
         self.pending = [a for a in self.pending if a.ready.hex() not in ready]
+        for a in up:
+            # a call that does nothing, run in the group moved lanes replay in: Ray sets
+            # the group's thread up on its first call, which a death then need not wait for
+            _call(a, "drop", MOVED, -1, 0)
         self.actors = sorted(self.actors + up, key=lambda a: a.index)
         return up
 
@@ -347,7 +358,9 @@ class RayExecutor:
                     st.fed_end = True
                     break
                 for it in feed:
-                    if isinstance(it, FlushSentinel) and it.final:
+                    if not isinstance(it, FlushSentinel):
+                        st.pulled_top = it.chunk_id
+                    elif it.final:
                         st.fed_end, st.final = True, it
                 fresh.append(wire.pack(wire.feed(lane, feed)))
             if fresh:
@@ -618,6 +631,7 @@ class RayExecutor:
             return
         if run.inflight is None:
             raise WorkerError(f"{dead.name()} died ({error}); its lanes cannot move") from error
+        self._count_death(dead, error, first)
         live = [a for a in self.actors if a.alive]
         if not live:
             if not self.pending:
@@ -640,6 +654,49 @@ class RayExecutor:
         self._send_replays(replays)
         dead.lanes = []
         self.moves += 1  # counted once done (stats() reads it from another thread)
+
+    def _count_death(self, dead: _Actor, error: BaseException, first: int) -> None:
+        """Counts the death of ``dead`` against each of its lanes; a lane over
+        ``RayWorkers.max_lane_restarts`` deaths in a row is a WorkerError (see there).
+
+        Deaths are in a row while the lane has not got past the chunks it had then: one
+        counts after another while a chunk pulled before the other is still in flight (a
+        sample that kills every actor keeps its chunk in flight; a lane that moves on
+        evicts them)."""
+        run = self._run
+        assert run is not None and run.inflight is not None
+        cap = self.spec.max_lane_restarts
+        over = []
+        for lane in dead.lanes:
+            st = self.lanes[lane]
+            if st.ended:
+                continue
+            held = False
+            if st.deaths:
+                ids = [unit[0].chunk_id for unit in run.inflight(lane)]
+                held = bool(ids) and min(ids) <= st.death_top
+            st.deaths = st.deaths + 1 if held else 1
+            st.death_top = st.pulled_top
+            if cap is not None and st.deaths > cap:
+                over.append(lane)
+        if not over:
+            return
+        over.sort(key=lambda x: (x != first, x))  # the lane the consumer waits for first
+        n = self.lanes[over[0]].deaths
+        if len(over) == 1:
+            which, it, culprit = f"lane {over[0]}", "it", "The lane may have"
+        else:
+            which, it = f"lanes {over}", "them"
+            culprit = "One of these lanes (lanes that share an actor die together) may have"
+        raise WorkerError(
+            f"{dead.name()} died running {which}: {n} deaths in a row of the actors running "
+            f"{it} (each before the lane got past the chunks it had at the death before), "
+            f"more than RayWorkers(max_lane_restarts={cap}) allows. The last death, as Ray "
+            f"reports it: {_death_cause(error).rstrip('.')}. {culprit} a sample that kills "
+            "the process running it (a crash in a native function, os._exit, memory "
+            "exhausted on one sample): fix that; if the deaths are the cluster's (nodes "
+            "lost), raise RayWorkers(max_lane_restarts=...) (None: no limit)"
+        ) from error
 
     def _replace(self) -> None:
         """Keeps the count asked for after a death: new actors, placed when Ray can (the
@@ -763,6 +820,14 @@ def _top_chunk(raw: bytes) -> int:
     if not raw:
         return -1
     return int(np.frombuffer(raw, dtype="<i8")[0::4].max())
+
+
+def _death_cause(error: BaseException) -> str:
+    """What Ray says of an actor's death, on one line: from "The actor is dead because"
+    where it says so (the rest is the actor's ids), colours removed."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(error))
+    at = text.find("The actor is dead because")
+    return " ".join((text[at:] if at >= 0 else text).split())
 
 
 def _actor_error(actor: _Actor, lane: int, msg: dict[str, Any]) -> BaseException:

@@ -33,6 +33,12 @@ from typing import Any
 #: address (a TCP connection to it first, then Ray's own connection).
 CONNECT_TIMEOUT_S = 10.0
 
+#: How many times in a row a lane may move because its actor died (see
+#: ``RayWorkers(max_lane_restarts=...)``). Ray retries a task whose
+#: worker died 3 times by default (``max_retries``); its actors and torchrun's worker
+#: groups restart 0 times by default, but here restarting is what keeps batches exact.
+MAX_LANE_RESTARTS = 3
+
 #: The environment of a local Ray start (see the module's docstring).
 LOOPBACK_ENV = {
     "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
@@ -50,7 +56,9 @@ class RayWorkers:
     plan over the lanes it owns and returns their batches through Ray's object store. The
     batches are those of ``workers=0``, bit for bit, and a checkpoint restores into any
     executor. An actor that dies gives its lanes to the others, which replay their
-    in-flight chunks: no batch changes; a new actor is asked for in its place.
+    in-flight chunks: no batch changes; a new actor is asked for in its place. A lane
+    whose actors keep dying before it gets past its chunks (a sample that crashes its
+    process) ends the run with an error instead (``max_lane_restarts``).
 
     Args:
         num_workers: actors for this rank (at most one per lane is used). The pipeline
@@ -78,6 +86,17 @@ class RayWorkers:
             pipeline whose outputs are all ready waits about nothing, and a lane is not a
             straggler for a few milliseconds of that.
         connect_timeout_s: see ``address``.
+        max_lane_restarts: how many times in a row a lane may move to another actor
+            because the actor running it died (an int >= 0; ``None``: no limit). Deaths
+            are in a row while the lane has not got past the chunks it had at the one
+            before: one of them is still in flight. The next death is a
+            :class:`~zephon.errors.WorkerError` naming the lane, its deaths and the last
+            one's cause as Ray reports it: a sample whose processing kills its process (a
+            segfault in a native function, ``os._exit``, memory exhausted on one sample)
+            keeps its chunk in flight and would otherwise kill every actor the lane moves
+            to, one after another, forever. Deaths spread over a run (nodes lost now and
+            then) do not add up: the lane's chunks move on in between. The default, 3, is
+            Ray's default ``max_retries`` for a task whose worker died.
     """
 
     num_workers: int
@@ -87,6 +106,7 @@ class RayWorkers:
     straggler_factor: float = 4.0
     straggler_min_s: float = 0.25
     connect_timeout_s: float = CONNECT_TIMEOUT_S
+    max_lane_restarts: int | None = MAX_LANE_RESTARTS
     _resources: tuple[tuple[str, float], ...] = field(default=(), init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -122,6 +142,12 @@ class RayWorkers:
         t = self.connect_timeout_s
         if not (isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0):
             raise ValueError(f"RayWorkers(connect_timeout_s=...) must be > 0; got {t!r}")
+        r = self.max_lane_restarts
+        if r is not None and (not isinstance(r, int) or isinstance(r, bool) or r < 0):
+            raise ValueError(
+                f"RayWorkers(max_lane_restarts=...) must be an int >= 0 or None (no limit); "
+                f"got {r!r}"
+            )
         object.__setattr__(self, "_resources", tuple(sorted((k, float(v)) for k, v in res.items())))
 
     def actor_options(self) -> dict[str, Any]:
