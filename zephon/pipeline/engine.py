@@ -394,10 +394,14 @@ class Engine:
         self.lane_counts[lane] = counts
         if prev is None:
             return
-        old = prev.reads
-        if old and (
-            sum(r[2] for r in counts.reads) < sum(r[2] for r in old)
-            or (counts.ops and counts.ops[0][0] < prev.ops[0][0])
+        old = prev.reads  # (the same tuple again: the lane has read nothing more)
+        if (
+            old
+            and counts.reads is not old
+            and (
+                sum(r[2] for r in counts.reads) < sum(r[2] for r in old)
+                or (counts.ops and counts.ops[0][0] < prev.ops[0][0])
+            )
         ):
             self.moved_reads.extend(old)
 

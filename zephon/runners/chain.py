@@ -146,7 +146,11 @@ class ChainRunner:
         retried = sum(op.io_retries.get(lane, 0) for op in self._fetches)
         ops = [(s.records_in, s.records_out, s.seconds) for s in stats]
         at_end = sum(op.dropped_at_end.get(lane, 0) for op in self._droppers)
-        reads = tuple(row for op in self._fetches for row in op.lane_reads(lane))
+        fetches = self._fetches
+        if len(fetches) == 1:  # its tuple as it is: the same one until the lane reads again
+            reads = fetches[0].lane_reads(lane)
+        else:
+            reads = tuple(row for op in fetches for row in op.lane_reads(lane))
         return LaneCounts(ops, dropped, retried, at_end, reads)
 
     def feed(

@@ -316,11 +316,15 @@ class ProcessExecutor:
                     if not h.send(answer):
                         conns.pop(obj, None)
                 elif kind == wire.GROW:
-                    try:
-                        self._grow(h, int(msg[wire.BYTES]))
-                    except BaseException as e:  # noqa: BLE001 - no memory for the ring
-                        self._fail(e)
-                        return
+                    # On a thread of its own: reserving a ring's memory takes a while, and
+                    # the workers, whose first batches most often ask at once, should
+                    # neither wait for each other's rings nor hold up the feed units.
+                    threading.Thread(
+                        target=self._grow,
+                        args=(h, int(msg[wire.BYTES])),
+                        name=f"zephon-grow-{h.id}",
+                        daemon=True,
+                    ).start()
                 elif kind == wire.READY:
                     h.ready = True
                 elif kind == wire.BOOTED:
@@ -336,15 +340,26 @@ class ProcessExecutor:
 
     def _grow(self, h: WorkerHandle, need: int) -> None:
         """Worker ``h`` has an output of ``need`` bytes: a ring whose slots hold it with a
-        quarter to spare, sent over its control pipe; read once the worker moved."""
+        quarter to spare, sent over its control pipe; read once the worker moved. Runs on
+        a thread of its own; a failure (no memory for the ring) is the pipeline's error."""
         from zephon.shm import send_fds
 
         size = -(-(need + need // 4) // (64 << 10)) * (64 << 10)
-        ring = self._create_ring(h.id, len(self.handles), size)
-        h.next_rings.append(ring)
-        with h.lock:
-            h.conn.send_bytes(wire.pack({wire.KIND: wire.RING, wire.BYTES: size}))
-            send_fds(h.conn, [ring.fileno()])
+        try:
+            ring = self._create_ring(h.id, len(self.handles), size)
+        except BaseException as e:  # noqa: BLE001 - raised by next()
+            self._fail(e)
+            return
+        with h.lock:  # close() takes it once it is closed: no ring is added after that
+            if self._closed:
+                ring.close()
+                return
+            h.next_rings.append(ring)
+            try:
+                h.conn.send_bytes(wire.pack({wire.KIND: wire.RING, wire.BYTES: size}))
+                send_fds(h.conn, [ring.fileno()])
+            except BaseException as e:  # noqa: BLE001 - raised by next()
+                self._fail(e)
 
     def _death(self, h: WorkerHandle, read_pipe: bool = True) -> WorkerError:
         h.proc.join(timeout=1)
@@ -472,7 +487,13 @@ class ProcessExecutor:
             if h.configured:  # else it waits for its configuration: SIGKILL below ends it
                 h.send({wire.KIND: wire.STOP}, timeout_s=1)
             h.ring.close()  # wakes a worker blocked on a full ring
-            for ring in (*h.next_rings, *h.retired):
+            got = h.lock.acquire(timeout=1)  # a ring being sent is in next_rings after it
+            try:
+                rings = (*h.next_rings, *h.retired)
+            finally:
+                if got:
+                    h.lock.release()
+            for ring in rings:
                 ring.close()
         if self._feeder is not None and self._feeder is not me:
             self._feeder.join(timeout=2)

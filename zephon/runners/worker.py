@@ -90,6 +90,11 @@ class Worker:
 
     def __init__(self, cfg: WorkerConfig, conn: Any, ring: Any) -> None:
         self.conn = conn
+        # Whether a message waits on the control pipe, asked before every feed unit: one
+        # poll of its descriptor (a connection reads whole messages, so nothing is left
+        # buffered in it) rather than ``conn.poll(0)``, which builds a selector a call.
+        self._pipe = select.poll()
+        self._pipe.register(conn.fileno(), select.POLLIN)
         self.ring = ring
         self.cfg = cfg
         plan = cfg.plan
@@ -154,9 +159,9 @@ class Worker:
         that the chunks of object storage start their reads ahead as soon as they come,
         not when their lane next runs out."""
         self._ask(lane)
-        conn = self.conn
+        pipe = self._pipe
         try:
-            while conn.poll(0):
+            while pipe.poll(0):
                 self._receive()
         except (EOFError, OSError) as e:
             raise _ParentGone from e

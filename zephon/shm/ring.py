@@ -20,6 +20,7 @@ marks a slot the producer gave up (``abort``); the consumer skips it.
 
 from __future__ import annotations
 
+import mmap
 import os
 import struct
 import time
@@ -31,7 +32,7 @@ import msgpack
 import numpy as np
 
 from zephon._native import load
-from zephon.errors import RingError
+from zephon.errors import RingError, ShmError
 from zephon.shm import pyring
 from zephon.shm.frame import (
     _FRAME,
@@ -99,6 +100,13 @@ def _raise_for_status(
     raise RingError(f"{action} on ring {name!r} failed: {problem}")
 
 
+#: ``madvise`` advice (Linux 5.14+) that maps a range's pages into the process in one call,
+#: for reading or writing, instead of a page fault for each page on first touch.
+_POPULATE_READ, _POPULATE_WRITE = 22, 23
+_PAGE = 4096
+_can_populate = hasattr(mmap.mmap, "madvise")
+
+
 def _timeout_ns(timeout_s: float | None) -> int:
     if timeout_s is None:
         return -1
@@ -143,6 +151,10 @@ class ShmRing:
         # arrays built on them keep the mapping alive until they go.
         self._slot_views: list[memoryview | None] = [None] * nslots
         self._layouts: dict[bytes, _Layout] = {}
+        #: The slots this process has mapped in at once (see _populate), and the bytes of
+        #: the last message it committed: how much of a slot the next one likely fills.
+        self._mapped = bytearray(nslots)
+        self._last_nbytes = 0
         self.implementation = IMPLEMENTATION
 
     @classmethod
@@ -216,6 +228,26 @@ class ShmRing:
             mv = self._slot_views[slot] = view[start : start + self.slot_bytes]
         return mv
 
+    def _populate(self, slot: int, nbytes: int, advice: int) -> None:
+        """Maps the first ``nbytes`` of ``slot`` into this process in one call, the first
+        time this process uses the slot: a slot of a new ring is not mapped yet, and a
+        batch of megabytes would otherwise take a page fault per page. Nothing where the
+        kernel does not know the advice (the pages then come in as they are touched)."""
+        global _can_populate
+        if nbytes <= 0 or not _can_populate:
+            return  # nothing committed yet to size it by: the pages come in as touched
+        self._mapped[slot] = 1
+        start = self._slots_offset + slot * self.slot_bytes
+        length = min(-(-nbytes // _PAGE) * _PAGE, self.slot_bytes)
+        try:
+            mapping = self._segment.mmap
+        except ShmError:
+            return  # unmapped under us (closed): the call itself says so
+        try:
+            mapping.madvise(advice, start, length)
+        except (OSError, ValueError):
+            _can_populate = False  # an older kernel: not asked again
+
     def fill(self) -> int:
         """Messages the producer committed that the consumer has not taken yet (0 once
         this object is closed); read without synchronisation, for the metrics."""
@@ -235,6 +267,8 @@ class ShmRing:
         status, slot = _core.reserve(view, _timeout_ns(timeout_s))
         if status != pyring.OK:
             _raise_for_status(status, "reserve", self.name, timeout_s)
+        if not self._mapped[slot]:
+            self._populate(slot, self._last_nbytes, _POPULATE_WRITE)
         return SlotWriter(self._commit_slot, self.name, slot, self._slot_view(view, slot))
 
     def put(
@@ -272,6 +306,8 @@ class ShmRing:
         status = _core.commit(self._live_view("commit"), slot, nbytes)
         if status != pyring.OK:
             _raise_for_status(status, "commit", self.name)
+        if nbytes:
+            self._last_nbytes = nbytes
 
     # -- consumer ------------------------------------------------------------
 
@@ -301,6 +337,8 @@ class ShmRing:
                 if deadline is not None:
                     timeout_ns = max(0, int((deadline - time.monotonic()) * 1e9))
                 continue
+            if not self._mapped[slot]:
+                self._populate(slot, nbytes, _POPULATE_READ)
             if not zero_copy:
                 try:
                     return self._copy_out(view, slot, nbytes)

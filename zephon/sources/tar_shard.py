@@ -153,6 +153,8 @@ class TarShardSource:
                     self._kept[f] = None
         # Sample i lives in shard f where _file_starts[f] <= i < _file_starts[f + 1].
         self._file_starts = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+        #: Each shard's index parts, made once (a worker's copy makes its own).
+        self._views = _Views()
 
     def __len__(self) -> int:
         return int(self._file_starts[-1])
@@ -175,7 +177,7 @@ class TarShardSource:
         for f, pos in zip(file_of, local, strict=True):
             kept = self._kept[f]
             s = int(kept[pos]) if kept is not None else pos
-            view = _View(self._index.array(f), self._index.extras[f])
+            view = self._view(f)
             key = view.key(s)
             names = self._extensions[f]
             wanted: list[tuple[str, int]] = []
@@ -249,6 +251,14 @@ class TarShardSource:
         )
 
     # ------------------------------------------------------------------ internals
+    def _view(self, f: int) -> _View:
+        """Shard ``f``'s index parts, made once for each mapping of its index."""
+        array = self._index.array(f)
+        got = self._views.get(f)
+        if got is None or got[0] is not array:
+            got = self._views[f] = (array, _View(array, self._index.extras[f]))
+        return got[1]
+
     def _check_problems(self, path: str, extra: dict[str, Any]) -> None:
         counts: dict[str, int] = extra.get("counts", {})
         if not any(counts.values()):
@@ -285,6 +295,14 @@ class TarShardSource:
             ok &= has
         kept = np.flatnonzero(ok).astype(np.int64)
         return kept, view.samples - len(kept)
+
+
+class _Views(dict[int, tuple[np.ndarray, "_View"]]):
+    """Each shard's :class:`_View` by shard, with the index array it was made of; a copy
+    (pickled into a worker) starts empty and makes its own."""
+
+    def __reduce__(self) -> tuple[type[_Views], tuple[()]]:
+        return _Views, ()
 
 
 class _View:
