@@ -419,19 +419,24 @@ def test_resize_workers_moves_lanes_and_keeps_batches(ray_cluster):
         p.resize_workers(2)
 
 
-def test_user_error_names_type_actor_and_lane(ray_cluster):
-    def explode(d):
-        if d["tokens"].size > 150:
-            raise KeyError("a long document")
-        return d
-
-    src = zp.StaticMixtureWorkSource(
+def _one_pass_of_short_docs() -> zp.StaticMixtureWorkSource:
+    """One epoch of 55 documents of 20 to 398 bytes, in chunks of 4."""
+    return zp.StaticMixtureWorkSource(
         datasets={"docs": zp.ArraySource(["x" * n for n in range(20, 400, 7)])},
         weights={"docs": 1.0},
         seed=1,
         chunk_size=4,
         num_epochs=1,
     )
+
+
+def test_user_error_names_type_actor_and_lane(ray_cluster):
+    def explode(d):
+        if d["tokens"].size > 150:
+            raise KeyError("a long document")
+        return d
+
+    src = _one_pass_of_short_docs()
     pipe = zp.Pipeline(src, canonical_replicas=2, workers=zp.RayWorkers(2))
     pipe = pipe.fetch().tokenize(zp.ByteTokenizer()).map(explode).batch(2)
     with pipe, pytest.raises(KeyError) as info:
@@ -451,13 +456,7 @@ def test_a_lane_that_kills_every_actor_is_an_error_naming_it(ray_cluster):
             os._exit(3)
         return {"tokens": np.resize(d["tokens"], 8)}
 
-    src = zp.StaticMixtureWorkSource(
-        datasets={"docs": zp.ArraySource(["x" * n for n in range(20, 400, 7)])},
-        weights={"docs": 1.0},
-        seed=1,
-        chunk_size=4,
-        num_epochs=1,
-    )
+    src = _one_pass_of_short_docs()
     spec = zp.RayWorkers(2, max_lane_restarts=1)
     pipe = zp.Pipeline(src, canonical_replicas=2, workers=spec)
     pipe = pipe.fetch().tokenize(zp.ByteTokenizer()).map(crash).batch(2)
