@@ -160,10 +160,7 @@ def test_lost_node_moves_its_lanes_and_its_replacement_joins_on_a_new_node(nodes
         nodes.add()
         got += _take_until(p, "joins", joins + 1)
         got += take(p, 4)
-        stats = _stats(p)
-        state = roundtrip(p.checkpoint())
-        cut = len(got)
-        got += take(p, 6)
+        stats, state, cut = _checkpoint_and_go_on(p, got)
     assert stats["lane_moves"] == 1 and stats["pending_actors"] == 0, stats
     assert stats["joins"] == joins + 1, stats
     # the replacement took 2 of the 4 lanes (a lane that straggled on it while it warmed
@@ -172,6 +169,16 @@ def test_lost_node_moves_its_lanes_and_its_replacement_joins_on_a_new_node(nodes
     assert sorted(stats["actors"][1]["lanes"] + stats["actors"][2]["lanes"]) == [0, 1, 2, 3]
     assert len({a["node"] for a in stats["actors"]}) == 3
     _same_as_in_process(kw, got, state, cut, "the loss of a node")
+
+
+def _checkpoint_and_go_on(p, got: list) -> tuple[dict, dict, int]:
+    """The pipeline's stats and checkpoint after ``got``, where it was taken (``cut``),
+    then 6 batches more onto ``got``."""
+    stats = _stats(p)
+    state = roundtrip(p.checkpoint())
+    cut = len(got)
+    got += take(p, 6)
+    return stats, state, cut
 
 
 def _same_as_in_process(kw: dict, got: list, state: dict, cut: int, what: str) -> None:
@@ -205,10 +212,7 @@ def test_actors_placed_later_join_and_take_lanes(nodes):
         nodes.add()
         got += _take_until(p, "joins")
         got += take(p, 6)
-        stats = _stats(p)
-        state = roundtrip(p.checkpoint())
-        cut = len(got)
-        got += take(p, 6)
+        stats, state, cut = _checkpoint_and_go_on(p, got)
     assert stats["pending_actors"] == 0 and stats["joins"] == 1, stats
     assert sorted(stats["actors"][0]["lanes"] + stats["actors"][1]["lanes"]) == [0, 1, 2, 3]
     assert len({a["node"] for a in stats["actors"]}) == 2 and stats["lane_moves"] == 0

@@ -281,7 +281,6 @@ class LaneTracker:
         component]``."""
         inflight = self.inflight
         i, n = 0, len(contributors)
-        native = _NATIVE if type(contributors) is list else None
         while i < n:  # pieces come in runs of one chunk
             chunk_id = contributors[i][0]
             track = inflight.get(chunk_id)
@@ -290,19 +289,7 @@ class LaneTracker:
                     f"lane {self.lane}: delivery names chunk {chunk_id}, which is not in "
                     f"flight (in flight: {list(inflight)[:8]}...); this is a Zephon bug"
                 )
-            if native is not None and track.size <= 64:  # add_run's C path, without its call
-                comps = None
-                if docs is not None:
-                    comps = track._components
-                    if comps is None:
-                        comps = track.components
-                i, track.bitmap, closed = native.close_run(
-                    track.delivered, track.total, track.bitmap, track.chunk_id, contributors,
-                    i, comps, docs,
-                )  # fmt: skip
-                track.closed += closed
-            else:
-                i = track.add_run(contributors, i, docs)
+            i = track.add_run(contributors, i, docs)
 
     def deliver(
         self,
