@@ -254,9 +254,12 @@ def test_a_job_restarted_right_after_every_rank_was_killed_checkpoints_at_once(t
         _wait_for(tmp_path / "crashed-rank0.json.stopped", procs)
         time.sleep(0.2)  # the followers wait for the commit, holding their keys
     finally:
+        # every rank killed before any is waited for (SIGKILL ends a stopped process too):
+        # a follower still running once the leader is gone would notice, fail its round
+        # and close, taking its key with it
         for p in procs:
-            os.kill(p.pid, signal.SIGCONT)
             p.kill()
+        for p in procs:
             p.communicate()
     left = namespace_files(root)
     assert any(f.endswith(".c.leader") for f in left), left  # the dead leader's key...
