@@ -24,6 +24,11 @@ already sent for the actor's own lanes; each run of a lane on an actor has an id
 call of a run that was dropped or replaced does nothing. A replay is one call
 (:meth:`~zephon.runners.ray_actor.LaneActor.replay`): the lane's in-flight units, run
 before the actor's other calls until the lane's next record, which it returns at once.
+This process learns of a death from the actor's one call of
+:meth:`~zephon.runners.ray_actor.LaneActor.watch`, whose result fails then (looked at
+every :data:`_WATCH_S` in ``next()``), or from a wait for one of its lanes. The first way,
+the moved lanes replay while the consumer still takes the batches the actor had made. The
+lane the consumer asks for first replays first, alone; the others start at its next call.
 A lane whose actors keep dying before it gets past its chunks (a sample that kills the
 process running it) is a WorkerError after ``RayWorkers.max_lane_restarts`` moves in a row.
 
@@ -85,6 +90,14 @@ _POLL_S = 0.05
 #: run, so that their replay does not wait behind the calls already queued for the
 #: actor's own lanes. A lane's calls all go to one group, which runs them in order.
 MOVED = "moved"
+#: The actors' third concurrency group (one thread), where each actor's one
+#: :meth:`~zephon.runners.ray_actor.LaneActor.watch` call waits: its result fails when
+#: the actor dies.
+WATCH = "watch"
+#: How often a running pipeline looks at those results: an actor's death is noticed
+#: within this (and Ray's own notice) while the consumer still takes the batches made
+#: before it, and the dead actor's lanes replay elsewhere in the meantime.
+_WATCH_S = 0.02
 #: Waits for a lane's outputs kept to judge stragglers by.
 _WAITS_KEPT = 8
 #: How long the start waits for the other actors once one is up (see RayExecutor.start).
@@ -133,6 +146,7 @@ class _Actor:
     node: str = "?"  # Ray's node id
     alive: bool = True
     ready: Any = None  # the ObjectRef of its ready() call, while it is pending
+    watch: Any = None  # the ObjectRef of its watch() call, once up
 
     def name(self) -> str:
         return f"Ray actor {self.index} (pid {self.pid} on {self.host})"
@@ -148,13 +162,6 @@ class _Copy:
     calls: deque[Any] = field(default_factory=deque)
     group: str | None = MOVED
     backlog: list[bytes] = field(default_factory=list)  # see _Lane.backlog
-
-
-#: A lane's replay on an actor, to send (see RayExecutor._send_replays): its run there,
-#: the lane, its replay target (``[chunk_id, offset, child]``, or None), the feed units
-#: (packed) of its first call, and whether that call may return at the lane's next record
-#: (later calls make the rest's outputs).
-_Replay = tuple[_Copy, int, list[int] | None, list[bytes], bool]
 
 
 @dataclass
@@ -212,12 +219,17 @@ class RayExecutor:
         self._replace_at = math.inf  # when to ask for the replacements of dead actors
         self._indexes = itertools.count()
         self._join_at = math.inf
+        self._watch_at = 0.0
         self.lanes: dict[int, _Lane] = {}
         self.moves = 0
         self.speculations = 0
         self.speculation_wins = 0
         self.resizes = 0
         self._run_ids = itertools.count(1)
+        #: Calls of moved lanes' old runs, let go at the consumer's next call (see _relocate).
+        self._spent: list[deque[Any]] = []
+        #: Lanes that moved and have not started their replay yet (see _move).
+        self._due: list[int] = []
         self._resize_to: int | None = None
         self._run: LaneRun | None = None
         self._payload: Any = None
@@ -239,7 +251,7 @@ class RayExecutor:
             ) from e
         self._payload = ray.put(payload)
         self._remote_cls = ray.remote(
-            max_restarts=0, max_task_retries=0, concurrency_groups={MOVED: 1}
+            max_restarts=0, max_task_retries=0, concurrency_groups={MOVED: 1, WATCH: 1}
         )(LaneActor)
         wanted = self.spec.num_workers if self._resize_to is None else self._resize_to
         self._resize_to = None
@@ -307,6 +319,7 @@ class RayExecutor:
             # a call that does nothing, run in the group moved lanes replay in: Ray sets
             # the group's thread up on its first call, which a death then need not wait for
             _call(a, "drop", MOVED, -1, 0)
+            a.watch = _call(a, "watch", WATCH)
         self.actors = sorted(self.actors + up, key=lambda a: a.index)
         return up
 
@@ -344,6 +357,8 @@ class RayExecutor:
         pulled now."""
         st = self.lanes[lane]
         assert self._run is not None
+        if lane in self._due:
+            return  # its run starts with its replay
         while (st.backlog or not st.fed_end) and len(st.calls) < LOOKAHEAD_CALLS:
             if st.backlog:
                 feeds = st.backlog[: st.step]
@@ -385,6 +400,13 @@ class RayExecutor:
 
     # ------------------------------------------------------------- outputs
     def next_output(self, lane: int) -> LaneOutput:
+        if self._spent:
+            self._spent.clear()
+        if time.monotonic() >= self._watch_at:
+            self._watch(lane)
+        while self._due:  # moved lanes left to replay (see _move)
+            moved = self._due.pop(0)
+            self._start_replay(moved, self.lanes[moved])
         if self._resize_to is not None:
             self._resize(self._resize_to)
         if self.pending and time.monotonic() >= self._join_at:
@@ -409,6 +431,23 @@ class RayExecutor:
         out = st.outs.popleft()
         self._top_up(lane)
         return out
+
+    def _watch(self, lane: int) -> None:
+        """Moves the lanes of actors found dead by their watch() calls (see
+        :data:`WATCH`), the consumer's ``lane`` and those after it first."""
+        self._watch_at = time.monotonic() + _WATCH_S
+        watched = {a.watch.hex(): a for a in self.actors if a.alive and a.watch is not None}
+        if not watched:
+            return
+        refs = [a.watch for a in watched.values()]
+        done, _ = self.ray.wait(refs, num_returns=len(refs), timeout=0)
+        for ref in done:
+            actor = watched[ref.hex()]
+            actor.watch = None
+            try:
+                self.ray.get(ref)
+            except self.ray.exceptions.RayActorError as e:
+                self._move(actor, e, lane)
 
     def _wait(self, lane: int, st: _Lane) -> Any:
         """The outputs of the lane's oldest call (or of its copy's, which then takes the
@@ -509,17 +548,14 @@ class RayExecutor:
             st.window.popleft()
 
     # --------------------------------------------------------------- moves
-    def _replay_on(
-        self,
-        lane: int,
-        st: _Lane,
-        to: _Actor,
-        later: list[_Replay] | None = None,
-    ) -> _Copy:
+    def _replay_on(self, lane: int, st: _Lane, to: _Actor, move: bool = False) -> _Copy:
         """A fresh run of ``lane`` on ``to``: its pulled in-flight chunks replayed up to
         the last record received (the restore path), the pieces received before noted
-        so that their tombstones are not counted twice. With ``later``, the replay's
-        calls are left there for :meth:`_send_replays`."""
+        so that their tombstones are not counted twice. Its first call goes at once (one
+        :meth:`LaneActor.replay`: the actor runs it before its other calls, until the
+        lane's next record where later calls make the rest's outputs). The rest: for a
+        ``move``, the lane's next calls (its backlog, see :meth:`_top_up`); for a copy,
+        calls now (it gets every unit pulled from now on)."""
         run = self._run
         assert run is not None and run.inflight is not None
         raws = [raw for _, pieces, tombs in st.window for raw in (pieces, tombs) if raw]
@@ -537,36 +573,19 @@ class RayExecutor:
         where = None if target is None else list(target[1:])
         # it returns at the lane's next record if later calls make the rest's outputs
         early = not st.fed_end or head < len(feeds)
-        replay = (copy, lane, where, feeds[:head], early)
-        if later is None:  # a copy: all of it now (it gets every unit pulled from now on)
-            self._send_replays([replay])
+        args = (lane, where, copy.run_id, feeds[:head], early)
+        copy.calls.append(_call(to, "replay", copy.group, *args))
+        if move:
+            copy.backlog = feeds[head:]
+        else:
             for i in range(head, len(feeds), FEEDS_PER_CALL):
                 units_i = feeds[i : i + FEEDS_PER_CALL]
                 copy.calls.append(_call(to, "run", copy.group, lane, units_i, copy.run_id))
-        else:  # a move: the rest as the lane's next calls (see _top_up)
-            copy.backlog = feeds[head:]
-            later.append(replay)
         return copy
 
-    @staticmethod
-    def _send_replays(replays: list[_Replay]) -> None:
-        """Each replay's first call, in the order given (the consumer's): one call (a
-        Ray call costs this process a few hundred microseconds to send, whatever it
-        carries) of :meth:`LaneActor.replay`, which takes the lane and runs its units
-        before the actor's other calls, until it has made the lane's next record where
-        later calls make the rest's outputs."""
-        for copy, lane, where, feeds, early in replays:
-            args = (lane, where, copy.run_id, feeds, early)
-            copy.calls.append(_call(copy.actor, "replay", copy.group, *args))
-
-    def _relocate(
-        self,
-        lane: int,
-        st: _Lane,
-        to: _Actor,
-        later: list[_Replay] | None = None,
-    ) -> None:
-        """``lane`` runs on ``to`` from now on, replaying there (a lane move)."""
+    def _relocate(self, lane: int, st: _Lane, to: _Actor, now: bool = True) -> None:
+        """``lane`` runs on ``to`` from now on, replaying there (a lane move): at once, or
+        if not ``now`` at the consumer's next call (see :meth:`_move`)."""
         old = st.actor
         if old.alive:
             _call(old, "drop", st.group, lane, st.run_id)
@@ -576,11 +595,22 @@ class RayExecutor:
         st.actor = to
         if st.copy is not None:
             self._drop_copy(lane, st)
-        st.calls.clear()  # their outputs come again from the replay
+        # their outputs come again from the replay; the references are let go once the
+        # consumer has its next output (Ray frees each one's object then: that can wait)
+        self._spent.append(st.calls)
+        st.calls = deque()
         st.backlog = []
-        if st.ended:
-            return
-        fresh = self._replay_on(lane, st, to, later)
+        if now or st.ended:
+            if lane in self._due:
+                self._due.remove(lane)
+            if not st.ended:
+                self._start_replay(lane, st)
+        elif lane not in self._due:
+            self._due.append(lane)
+
+    def _start_replay(self, lane: int, st: _Lane) -> None:
+        """The replay of a lane that moved (see :meth:`_relocate`), on its new actor."""
+        fresh = self._replay_on(lane, st, st.actor, move=True)
         st.run_id, st.calls, st.seen, st.group = fresh.run_id, fresh.calls, fresh.seen, fresh.group
         st.backlog, st.step = fresh.backlog, 2
 
@@ -643,16 +673,19 @@ class RayExecutor:
                     f"{dead.name()} died ({error}) and no actor could take its lanes "
                     f"{dead.lanes}: {e}"
                 ) from e
-        replays: list[_Replay] = []
         for lane in sorted(dead.lanes, key=lambda x: (x < first, x)):
             st = self.lanes[lane]
             if st.copy is not None:
                 self._adopt(lane, st)
             else:
                 to = min(live, key=lambda a: (len(a.lanes), a.index))
-                self._relocate(lane, st, to, replays)
-        self._send_replays(replays)
+                self._relocate(lane, st, to, now=False)
         dead.lanes = []
+        # the lane the consumer waits for replays alone (the machine's CPUs and Ray's
+        # calls all its own); the others start when it has its output (see next_output)
+        if first in self._due:
+            self._due.remove(first)
+            self._start_replay(first, self.lanes[first])
         self.moves += 1  # counted once done (stats() reads it from another thread)
 
     def _count_death(self, dead: _Actor, error: BaseException, first: int) -> None:

@@ -68,6 +68,13 @@ class LaneActor:
 
         return os.getpid(), socket.gethostname(), ray.get_runtime_context().get_node_id()
 
+    def watch(self) -> None:
+        """Returns when the actor ends: never, in practice (it is killed). The parent
+        keeps one call of it in flight per actor: its result fails when the actor dies,
+        which is how the parent learns of a death before it waits for the actor's lanes
+        (see :meth:`~zephon.runners.ray.RayExecutor.next_output`)."""
+        threading.Event().wait()
+
     def take(self, lane: int, target: list[int] | None, run_id: int = 0) -> None:
         """``lane`` runs here from now on (as run ``run_id``), from its first feed unit
         or its in-flight chunks, on a fresh chain; with ``target`` (``[chunk_id, offset,
