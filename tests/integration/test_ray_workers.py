@@ -170,12 +170,12 @@ def _take_until_moved(pipe, cap: int = 2000) -> list:
     return got
 
 
-def _check_after_death(stats, victim: int) -> None:
+def _check_after_death(stats, victim: int, lanes: int = 4) -> None:
     """The killed actor has no lane left, and every lane is on one live actor."""
     actors = {a["id"]: a for a in stats["actors"]}
     assert not actors[victim]["alive"] and not actors[victim]["lanes"], stats
-    lanes = sorted(lane for a in actors.values() if a["alive"] for lane in a["lanes"])
-    assert lanes == [0, 1, 2, 3], stats
+    placed = sorted(lane for a in actors.values() if a["alive"] for lane in a["lanes"])
+    assert placed == list(range(lanes)), stats
 
 
 def _tracking(state):
@@ -362,9 +362,10 @@ def test_monotone_pipeline_moves_and_resumes(ray_cluster):
         assert_same_batches(ref[cut:], take(q, 10), "restored into one actor")
 
 
-def _straggling(workers, slow_pid: Path, wait_s: float = 0.01):
+def _straggling(workers, slow_pid: Path, wait_s: float = 0.01, **kw):
     """The monotone pipeline with a map that waits ``wait_s`` a sample in the process
-    whose id ``slow_pid`` holds (one actor: a straggler), nowhere else."""
+    whose id ``slow_pid`` holds (one actor: a straggler), nowhere else; ``kw`` goes to
+    ``zp.Pipeline``."""
 
     def slow(d):
         if slow_pid.read_text() == str(os.getpid()):
@@ -372,8 +373,70 @@ def _straggling(workers, slow_pid: Path, wait_s: float = 0.01):
         return d
 
     pad = lambda d: {"tokens": np.pad(d["tokens"], (0, 16 - d["tokens"].size))}  # noqa: E731
-    pipe = _monotone(workers, chain=False)
+    pipe = _monotone(workers, chain=False, **kw)
     return pipe.fetch().tokenize(zp.ByteTokenizer()).split(16).map(pad).map(slow).batch(4)
+
+
+def _held(workers, hold: Path, **kw):
+    """The monotone pipeline with a map that, in the process whose id ``hold`` holds,
+    waits for as long as that file exists."""
+
+    def wait_while_held(d):
+        while hold.exists() and hold.read_text() == str(os.getpid()):
+            time.sleep(0.01)
+        return d
+
+    pad = lambda d: {"tokens": np.pad(d["tokens"], (0, 16 - d["tokens"].size))}  # noqa: E731
+    pipe = _monotone(workers, chain=False, **kw)
+    return (
+        pipe.fetch().tokenize(zp.ByteTokenizer()).split(16).map(pad).map(wait_while_held).batch(4)
+    )
+
+
+def test_a_death_moves_lanes_while_the_consumer_waits_on_another_actor(ray_cluster, tmp_path):
+    """Actor 1 is held (its lane makes nothing) and the consumer waits on it; actor 0 is
+    killed then, and actor 1 let go only once Ray has reported the death: the wait saw
+    actor 0's watch call fail and moved its lanes (they replayed during the wait), so the
+    lanes have moved when that next() returns actor 1's batch. Batches unchanged."""
+    hold = tmp_path / "hold"
+    spec = zp.RayWorkers(2, speculate=False)
+    waiting, entered, done = threading.Event(), [0.0], threading.Event()
+
+    def kill_while_the_consumer_waits():
+        while not done.is_set():
+            if waiting.is_set() and time.monotonic() - entered[0] > 0.3:
+                watch = p._engine.executor.actors[0].watch
+                _kill_actor(ray_cluster, p, 0)
+                ray_cluster.wait([watch], timeout=30)  # Ray's notice of the death
+                time.sleep(0.2)
+                hold.unlink()
+                done.set()
+            time.sleep(0.01)
+
+    with _held(spec, hold, prefetch=0) as p:
+        got = take(p, 2)
+        got += _take_while_pending(p)
+        held = p.stats()["ray"]["actors"][1]
+        hold.write_text(str(held["pid"]))
+        killer = threading.Thread(target=kill_while_the_consumer_waits, daemon=True)
+        killer.start()
+        while not done.is_set() and len(got) < 5000:
+            entered[0] = time.monotonic()
+            (last,) = p._engine.last_lanes
+            if (last + 1) % 3 in held["lanes"]:  # a lane of actor 1's turn (round robin)
+                waiting.set()
+            got += take(p, 1)
+            waiting.clear()
+        (lane,) = p._engine.last_lanes
+        stats = p.stats()["ray"]
+        done.set()
+        killer.join()
+        assert lane in held["lanes"] and stats["lane_moves"] == 1, (lane, held, stats)
+        _check_after_death(stats, 0, lanes=3)
+        got += take(p, 30)
+    with _held(0, hold) as p:
+        ref = take(p, len(got))
+    assert_same_batches(ref, got, "a death while the consumer waits on another actor")
 
 
 def test_straggler_runs_again_on_another_actor_and_batches_do_not_change(ray_cluster, tmp_path):

@@ -26,9 +26,11 @@ call of a run that was dropped or replaced does nothing. A replay is one call
 before the actor's other calls until the lane's next record, which it returns at once.
 This process learns of a death from the actor's one call of
 :meth:`~zephon.runners.ray_actor.LaneActor.watch`, whose result fails then (looked at
-every :data:`_WATCH_S` in ``next()``), or from a wait for one of its lanes. The first way,
-the moved lanes replay while the consumer still takes the batches the actor had made. The
-lane the consumer asks for first replays first, alone; the others start at its next call.
+while waiting for any lane's output, and every :data:`_WATCH_S` in ``next()``), or from a
+wait for one of its lanes. The first way, the moved lanes replay while the consumer still
+takes the batches the actor had made, or waits for another actor's. Where the consumer
+waits for a lane that moved, that lane replays first, alone; the others start at its next
+call.
 A lane whose actors keep dying before it gets past its chunks (a sample that kills the
 process running it) is a WorkerError after ``RayWorkers.max_lane_restarts`` moves in a row.
 
@@ -94,9 +96,10 @@ MOVED = "moved"
 #: :meth:`~zephon.runners.ray_actor.LaneActor.watch` call waits: its result fails when
 #: the actor dies.
 WATCH = "watch"
-#: How often a running pipeline looks at those results: an actor's death is noticed
-#: within this (and Ray's own notice) while the consumer still takes the batches made
-#: before it, and the dead actor's lanes replay elsewhere in the meantime.
+#: How often a running pipeline looks at those results, besides while it waits for a
+#: lane's output: an actor's death is noticed within this (and Ray's own notice) while the
+#: consumer still takes the batches made before it, and the dead actor's lanes replay
+#: elsewhere in the meantime. Infinite: no watch (a benchmark's comparison).
 _WATCH_S = 0.02
 #: Waits for a lane's outputs kept to judge stragglers by.
 _WAITS_KEPT = 8
@@ -402,11 +405,9 @@ class RayExecutor:
     def next_output(self, lane: int) -> LaneOutput:
         if self._spent:
             self._spent.clear()
+        self._start_due()  # lanes that moved in the last call, the consumer's lane first
         if time.monotonic() >= self._watch_at:
             self._watch(lane)
-        while self._due:  # moved lanes left to replay (see _move)
-            moved = self._due.pop(0)
-            self._start_replay(moved, self.lanes[moved])
         if self._resize_to is not None:
             self._resize(self._resize_to)
         if self.pending and time.monotonic() >= self._join_at:
@@ -434,20 +435,31 @@ class RayExecutor:
 
     def _watch(self, lane: int) -> None:
         """Moves the lanes of actors found dead by their watch() calls (see
-        :data:`WATCH`), the consumer's ``lane`` and those after it first."""
+        :data:`WATCH`), the consumer's ``lane`` and those after it first; they all start
+        their replay now, unless ``lane`` is one of them (it then replays alone)."""
         self._watch_at = time.monotonic() + _WATCH_S
         watched = {a.watch.hex(): a for a in self.actors if a.alive and a.watch is not None}
         if not watched:
             return
         refs = [a.watch for a in watched.values()]
         done, _ = self.ray.wait(refs, num_returns=len(refs), timeout=0)
+        waits = False  # the consumer waits for a lane that moved: it replays alone
         for ref in done:
             actor = watched[ref.hex()]
             actor.watch = None
+            waits = waits or lane in actor.lanes
             try:
                 self.ray.get(ref)
             except self.ray.exceptions.RayActorError as e:
                 self._move(actor, e, lane)
+        if not waits:
+            self._start_due()
+
+    def _start_due(self) -> None:
+        """Starts the replays of the moved lanes that wait for it (see :meth:`_move`)."""
+        while self._due:
+            moved = self._due.pop(0)
+            self._start_replay(moved, self.lanes[moved])
 
     def _wait(self, lane: int, st: _Lane) -> Any:
         """The outputs of the lane's oldest call (or of its copy's, which then takes the
@@ -466,7 +478,17 @@ class RayExecutor:
             refs = [st.calls[0]]
             if copy is not None and copy.calls:
                 refs.append(copy.calls[0])
-            ready, _ = ray.wait(refs, num_returns=1, timeout=_POLL_S)
+            # the actors' watch calls too: another actor's death moves its lanes now, and
+            # they replay while this lane's output is made
+            watches = [a.watch for a in self.actors if a.alive and a.watch is not None]
+            if _WATCH_S == math.inf:
+                watches = []
+            ready, _ = ray.wait(refs + watches, num_returns=1, timeout=_POLL_S)
+            if ready and all(ready[0].hex() != ref.hex() for ref in refs):
+                self._watch(lane)
+                if st.actor.alive:
+                    continue
+                return None  # this lane's actor died: it moved
             if ready:
                 from_copy = len(refs) == 2 and ready[0].hex() == refs[1].hex()
                 owner = copy.actor if from_copy and copy is not None else st.actor
