@@ -28,9 +28,10 @@ This process learns of a death from the actor's one call of
 :meth:`~zephon.runners.ray_actor.LaneActor.watch`, whose result fails then (looked at
 while waiting for any lane's output, and every :data:`_WATCH_S` in ``next()``), or from a
 wait for one of its lanes. The first way, the moved lanes replay while the consumer still
-takes the batches the actor had made, or waits for another actor's. Where the consumer
-waits for a lane that moved, that lane replays first, alone; the others start at its next
-call.
+takes the batches the actor had made, or waits for another actor's. The moved lanes start
+their replay one at each of the consumer's calls, in its order (a lane it asks for at
+once; all of them while it waits for another actor's lane): a lane the consumer waits
+for replays alone, and the Ray calls of a move are spread over its calls.
 A lane whose actors keep dying before it gets past its chunks (a sample that kills the
 process running it) is a WorkerError after ``RayWorkers.max_lane_restarts`` moves in a row.
 
@@ -405,7 +406,7 @@ class RayExecutor:
     def next_output(self, lane: int) -> LaneOutput:
         if self._spent:
             self._spent.clear()
-        self._start_due()  # lanes that moved in the last call, the consumer's lane first
+        self._start_due(lane)
         if time.monotonic() >= self._watch_at:
             self._watch(lane)
         if self._resize_to is not None:
@@ -433,10 +434,11 @@ class RayExecutor:
         self._top_up(lane)
         return out
 
-    def _watch(self, lane: int) -> None:
+    def _watch(self, lane: int, every: bool = False) -> None:
         """Moves the lanes of actors found dead by their watch() calls (see
-        :data:`WATCH`), the consumer's ``lane`` and those after it first; they all start
-        their replay now, unless ``lane`` is one of them (it then replays alone)."""
+        :data:`WATCH`), the consumer's ``lane`` and those after it first. Unless ``lane``
+        is one of them (it then replays alone), one starts its replay now, or with
+        ``every`` (the consumer waits for another lane) all of them."""
         self._watch_at = time.monotonic() + _WATCH_S
         watched = {a.watch.hex(): a for a in self.actors if a.alive and a.watch is not None}
         if not watched:
@@ -453,13 +455,19 @@ class RayExecutor:
             except self.ray.exceptions.RayActorError as e:
                 self._move(actor, e, lane)
         if not waits:
-            self._start_due()
+            self._start_due(lane, every)
 
-    def _start_due(self) -> None:
-        """Starts the replays of the moved lanes that wait for it (see :meth:`_move`)."""
+    def _start_due(self, lane: int, every: bool = False) -> None:
+        """Starts the replay of one moved lane that waits for it (see :meth:`_move`): the
+        consumer's ``lane`` if it is one, else the next in the consumer's order; with
+        ``every``, of all of them. One a call spreads their cost (a Ray call each) over
+        the consumer's calls, and the lanes still replay before it reaches them."""
         while self._due:
-            moved = self._due.pop(0)
+            moved = lane if lane in self._due else self._due[0]
+            self._due.remove(moved)
             self._start_replay(moved, self.lanes[moved])
+            if not every:
+                return
 
     def _wait(self, lane: int, st: _Lane) -> Any:
         """The outputs of the lane's oldest call (or of its copy's, which then takes the
@@ -485,7 +493,7 @@ class RayExecutor:
                 watches = []
             ready, _ = ray.wait(refs + watches, num_returns=1, timeout=_POLL_S)
             if ready and all(ready[0].hex() != ref.hex() for ref in refs):
-                self._watch(lane)
+                self._watch(lane, every=True)
                 if st.actor.alive:
                     continue
                 return None  # this lane's actor died: it moved
