@@ -615,7 +615,7 @@ class RayExecutor:
 
     def _relocate(self, lane: int, st: _Lane, to: _Actor, now: bool = True) -> None:
         """``lane`` runs on ``to`` from now on, replaying there (a lane move): at once, or
-        if not ``now`` at the consumer's next call (see :meth:`_move`)."""
+        if not ``now`` when :meth:`_start_due` gets to it."""
         old = st.actor
         if old.alive:
             _call(old, "drop", st.group, lane, st.run_id)
@@ -712,7 +712,7 @@ class RayExecutor:
                 self._relocate(lane, st, to, now=False)
         dead.lanes = []
         # the lane the consumer waits for replays alone (the machine's CPUs and Ray's
-        # calls all its own); the others start when it has its output (see next_output)
+        # calls all its own); the others start one a call from its next (see _start_due)
         if first in self._due:
             self._due.remove(first)
             self._start_replay(first, self.lanes[first])
