@@ -362,19 +362,24 @@ def test_monotone_pipeline_moves_and_resumes(ray_cluster):
         assert_same_batches(ref[cut:], take(q, 10), "restored into one actor")
 
 
+def _monotone_then(workers, step, **kw):
+    """The monotone pipeline with ``step`` mapped over its padded samples before the
+    batch; ``kw`` goes to ``zp.Pipeline``."""
+    pad = lambda d: {"tokens": np.pad(d["tokens"], (0, 16 - d["tokens"].size))}  # noqa: E731
+    pipe = _monotone(workers, chain=False, **kw)
+    return pipe.fetch().tokenize(zp.ByteTokenizer()).split(16).map(pad).map(step).batch(4)
+
+
 def _straggling(workers, slow_pid: Path, wait_s: float = 0.01, **kw):
     """The monotone pipeline with a map that waits ``wait_s`` a sample in the process
-    whose id ``slow_pid`` holds (one actor: a straggler), nowhere else; ``kw`` goes to
-    ``zp.Pipeline``."""
+    whose id ``slow_pid`` holds (one actor: a straggler), nowhere else."""
 
     def slow(d):
         if slow_pid.read_text() == str(os.getpid()):
             time.sleep(wait_s)
         return d
 
-    pad = lambda d: {"tokens": np.pad(d["tokens"], (0, 16 - d["tokens"].size))}  # noqa: E731
-    pipe = _monotone(workers, chain=False, **kw)
-    return pipe.fetch().tokenize(zp.ByteTokenizer()).split(16).map(pad).map(slow).batch(4)
+    return _monotone_then(workers, slow, **kw)
 
 
 def _held(workers, hold: Path, **kw):
@@ -386,11 +391,7 @@ def _held(workers, hold: Path, **kw):
             time.sleep(0.01)
         return d
 
-    pad = lambda d: {"tokens": np.pad(d["tokens"], (0, 16 - d["tokens"].size))}  # noqa: E731
-    pipe = _monotone(workers, chain=False, **kw)
-    return (
-        pipe.fetch().tokenize(zp.ByteTokenizer()).split(16).map(pad).map(wait_while_held).batch(4)
-    )
+    return _monotone_then(workers, wait_while_held, **kw)
 
 
 def test_a_death_moves_lanes_while_the_consumer_waits_on_another_actor(ray_cluster, tmp_path):

@@ -488,9 +488,9 @@ class RayExecutor:
                 refs.append(copy.calls[0])
             # the actors' watch calls too: another actor's death moves its lanes now, and
             # they replay while this lane's output is made
-            watches = [a.watch for a in self.actors if a.alive and a.watch is not None]
-            if _WATCH_S == math.inf:
-                watches = []
+            watches = []
+            if _WATCH_S < math.inf:
+                watches = [a.watch for a in self.actors if a.alive and a.watch is not None]
             ready, _ = ray.wait(refs + watches, num_returns=1, timeout=_POLL_S)
             if ready and all(ready[0].hex() != ref.hex() for ref in refs):
                 self._watch(lane, every=True)
