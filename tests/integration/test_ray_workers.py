@@ -386,8 +386,14 @@ def _held(workers, hold: Path, **kw):
     """The monotone pipeline with a map that, in the process whose id ``hold`` holds,
     waits for as long as that file exists."""
 
+    def held_here() -> bool:
+        try:
+            return hold.read_text() == str(os.getpid())
+        except FileNotFoundError:  # let go between a look and the read
+            return False
+
     def wait_while_held(d):
-        while hold.exists() and hold.read_text() == str(os.getpid()):
+        while held_here():
             time.sleep(0.01)
         return d
 
@@ -418,7 +424,8 @@ def test_a_death_moves_lanes_while_the_consumer_waits_on_another_actor(ray_clust
         got = take(p, 2)
         got += _take_while_pending(p)
         held = p.stats()["ray"]["actors"][1]
-        hold.write_text(str(held["pid"]))
+        (tmp_path / "hold.new").write_text(str(held["pid"]))
+        os.replace(tmp_path / "hold.new", hold)  # whole, never read half written
         killer = threading.Thread(target=kill_while_the_consumer_waits, daemon=True)
         killer.start()
         while not done.is_set() and len(got) < 5000:
