@@ -4,6 +4,7 @@ pseudo-terminal against the endpoint of a running pipeline."""
 
 from __future__ import annotations
 
+import gc
 import os
 import pty
 import re
@@ -20,6 +21,7 @@ import pytest
 
 import zephon as zp
 from zephon.cli.main import main
+from zephon.metrics import series as series_module
 from zephon.metrics.view import canonical, frame, parse_text
 
 pytestmark = [
@@ -136,15 +138,20 @@ def test_the_recorder_stops_when_the_pipeline_closes_and_report_names_bad_input(
     assert "0 sample(s); a report needs two or more" in capsys.readouterr().err
 
 
-def test_closing_the_pipeline_writes_the_recorders_last_sample_and_closes_its_file(tmp_path):
-    series = tmp_path / "s.jsonl"
+def _numbers_pipe() -> zp.Pipeline:
+    """2 workers, two components of numbers, batches of 4."""
     src = zp.StaticMixtureWorkSource(
         {"a": zp.ArraySource(np.arange(1000)), "b": zp.ArraySource(np.arange(1000))},
         weights={"a": 0.5, "b": 0.5},
         seed=0,
         chunk_size=4,
     )
-    pipe = zp.Pipeline(src, canonical_replicas=2, workers=2).fetch().batch(4)
+    return zp.Pipeline(src, canonical_replicas=2, workers=2).fetch().batch(4)
+
+
+def test_closing_the_pipeline_writes_the_recorders_last_sample_and_closes_its_file(tmp_path):
+    series = tmp_path / "s.jsonl"
+    pipe = _numbers_pipe()
     rec = zp.metrics.record(pipe, series, every_s=3600)  # its timer never fires here
     for _ in range(7):
         next(pipe)
@@ -159,6 +166,55 @@ def test_closing_the_pipeline_writes_the_recorders_last_sample_and_closes_its_fi
     rec.close()  # closing it again does nothing
     pipe.close()
     assert rec.samples == 1 and len(zp.metrics.read_series(series)[1]) == 1
+
+
+def test_a_pipeline_dropped_on_a_thread_inside_another_close_closes_without_a_hang(tmp_path):
+    """A dropped pipeline's __del__ closes it, on whichever thread runs the GC pass, at any
+    allocation: also inside another pipeline's close(), while that thread holds the lock
+    of the running recorders (CI hung there). Its close() must not wait on that lock."""
+    pipe: zp.Pipeline | None = _numbers_pipe()
+    rec = zp.metrics.record(pipe, tmp_path / "s.jsonl", every_s=3600)
+    next(pipe)
+    engine = pipe._engine
+
+    def drop_inside_a_close():
+        nonlocal pipe
+        with series_module._RUNNING_LOCK:  # as finish() holds it, in another close()
+            pipe = None
+            gc.collect()
+
+    t = threading.Thread(target=drop_inside_a_close, daemon=True)
+    t.start()
+    t.join(30)
+    assert not t.is_alive(), "__del__ -> close() waited on a lock its own thread holds"
+    assert engine.closed and not rec.running and rec.samples == 1
+    rec.close()
+
+
+def test_a_pipeline_whose_last_reference_the_recorder_drops_still_closes(tmp_path, monkeypatch):
+    """The user drops the pipeline while the recorder's thread reads its figures: that
+    thread drops the last reference, and the __del__ it runs closes the pipeline (its
+    workers too) without joining itself."""
+    pipe: zp.Pipeline | None = _numbers_pipe()
+    next(pipe)
+    engine = pipe._engine
+    reading, dropped = threading.Event(), threading.Event()
+    real = series_module.scalars
+
+    def scalars_once_dropped(p):
+        reading.set()
+        dropped.wait(10)
+        return real(p)
+
+    monkeypatch.setattr(series_module, "scalars", scalars_once_dropped)
+    rec = zp.metrics.record(pipe, tmp_path / "s.jsonl", every_s=0.01)
+    assert reading.wait(10)
+    pipe = None  # the recorder's thread holds the last reference now
+    dropped.set()
+    rec._thread.join(10)
+    assert not rec.running and engine.closed, "the pipeline dropped by its recorder stayed open"
+    assert rec.error is None and rec.samples >= 1
+    rec.close()
 
 
 def test_zephon_top_under_a_pseudo_terminal_shows_the_rate_and_the_bottleneck():

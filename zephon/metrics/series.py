@@ -34,7 +34,10 @@ _POLL_S = 0.2
 
 #: Each pipeline's running recorders, which its ``close()`` finishes (:func:`finish`).
 _RUNNING: weakref.WeakKeyDictionary[Any, list[Recorder]] = weakref.WeakKeyDictionary()
-_RUNNING_LOCK = threading.Lock()
+# Reentrant: a dropped pipeline's __del__ closes it (and comes back here) on whichever
+# thread drops its last reference or runs a GC pass, at any allocation, also one made
+# while this thread holds the lock (a plain Lock deadlocked the test suite there).
+_RUNNING_LOCK = threading.RLock()
 
 
 class Recorder:
@@ -119,7 +122,8 @@ class Recorder:
         if self._stop.is_set():
             return
         self._stop.set()
-        self._thread.join()
+        if self._thread is not threading.current_thread():  # else: the pipeline's last
+            self._thread.join()  # reference was the thread's own, dropped after a sample
         try:
             if self._fd is not None and self.error is None:  # released if the pipeline closed
                 self._sample()

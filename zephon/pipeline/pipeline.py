@@ -563,15 +563,17 @@ class Pipeline(ChainBuilder):
         still returns the state at the last delivered batch. A running
         :func:`zp.metrics.record <zephon.metrics.record>` writes its last sample (the
         figures now) and closes its file first."""
-        if not self._closed:
-            finish_recording(self)
-        self._closed = True
-        if self._metrics is not None:
-            self._metrics.close()
-        if self._engine is not None:
-            self._engine.close()
-        if self._agg is not None:
-            self._agg.close()
+        try:
+            if not self._closed:
+                finish_recording(self)
+        finally:
+            self._closed = True
+            if self._metrics is not None:
+                self._metrics.close()
+            if self._engine is not None:
+                self._engine.close()
+            if self._agg is not None:
+                self._agg.close()
 
     def __enter__(self) -> Pipeline:
         return self
