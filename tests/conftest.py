@@ -15,14 +15,24 @@ is still alive fails the run, and is killed. The helpers that ``multiprocess`` s
 per process (its resource tracker, its fork server), which end with this process, are not
 counted. After each test module, a ``zephon*`` name left in ``/dev/shm`` or a Zephon
 shared-memory segment (a memfd) this process still holds fails the module's last test.
+
+A hung test fails: one that runs ``HANG_S`` seconds (``ZEPHON_TEST_HANG_S``, 600; the longest
+take about a minute) has every thread's stack written down and its test process exits
+(under pytest-xdist the worker "crashed while running" that test), instead of holding the
+run until CI's limit. The stacks are printed at the end of the run under "hung test" (by
+xdist's controller; a run without ``-n`` ends there, and leaves them in a folder
+``zephon-test-hangs-*`` in the temporary directory).
 """
 
 from __future__ import annotations
 
+import faulthandler
 import gc
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -54,6 +64,53 @@ def pytest_runtest_makereport(item, call):
         report.outcome = "failed"
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
         report.longrepr = f"skipped under CI=true (a required piece is missing): {reason}"
+
+
+# ------------------------------------------------------------------ a hang is a failure
+HANG_S = float(os.environ.get("ZEPHON_TEST_HANG_S", "600"))
+#: The folder where each test process writes down its hung test (set by the first process,
+#: inherited by xdist's workers).
+_HANGS_ENV = "ZEPHON_TEST_HANGS_DIR"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if _HANGS_ENV not in os.environ:
+        os.environ[_HANGS_ENV] = tempfile.mkdtemp(prefix="zephon-test-hangs-")
+        config.stash[_hangs_owner] = os.environ[_HANGS_ENV]
+
+
+_hangs_owner = pytest.StashKey[str]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Setup, call and teardown of ``item`` under a watchdog (faulthandler's, a C thread:
+    it writes the stacks even when the hang holds the GIL)."""
+    path = Path(os.environ[_HANGS_ENV]) / f"{os.getpid()}.txt"
+    with path.open("w") as f:
+        f.write(f"{item.nodeid} ran past {HANG_S:g} s (hung); every thread's stack then:\n")
+        f.flush()
+        faulthandler.dump_traceback_later(HANG_S, exit=True, file=f)
+        try:
+            yield
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+    path.unlink()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    folder = config.stash.get(_hangs_owner, None)
+    if folder is None or _xdist_worker(config):
+        return
+    for hung in sorted(Path(folder).glob("*.txt")):
+        terminalreporter.write_sep("=", "hung test", red=True)
+        terminalreporter.write_line(hung.read_text(errors="replace"))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    folder = config.stash.get(_hangs_owner, None)
+    if folder is not None:  # printed above (a test process that hung never gets here)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 # ------------------------------------------------------------------ nothing left behind
