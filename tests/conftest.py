@@ -71,15 +71,14 @@ HANG_S = float(os.environ.get("ZEPHON_TEST_HANG_S", "600"))
 #: The folder where each test process writes down its hung test (set by the first process,
 #: inherited by xdist's workers).
 _HANGS_ENV = "ZEPHON_TEST_HANGS_DIR"
+#: That folder, in the process that made it (which prints and removes it).
+_hangs_owner = pytest.StashKey[str]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
     if _HANGS_ENV not in os.environ:
         os.environ[_HANGS_ENV] = tempfile.mkdtemp(prefix="zephon-test-hangs-")
         config.stash[_hangs_owner] = os.environ[_HANGS_ENV]
-
-
-_hangs_owner = pytest.StashKey[str]()
 
 
 @pytest.hookimpl(hookwrapper=True)
