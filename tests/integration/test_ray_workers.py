@@ -189,17 +189,18 @@ def test_killed_actor_gives_its_lanes_to_another(ray_cluster, output):
     with ray_pipeline(2, seed=24, **kw) as p:
         got = take(p, 3)
         got += _take_while_pending(p)  # all actors up: the kills name them
+        joins = p.stats()["ray"]["joins"]  # 1 if an actor was slow to start (a busy machine)
         _kill_actor(ray_cluster, p, 0)
         got += _take_until_moved(p)
         got += take(p, 5)
         _check_after_death(p.stats()["ray"], 0)
         # its replacement (asked for at once) is placed on the CPU it left, and takes lanes
         deadline = time.monotonic() + 60
-        while p.stats()["ray"]["joins"] == 0 and time.monotonic() < deadline:
+        while p.stats()["ray"]["joins"] == joins and time.monotonic() < deadline:
             got += take(p, 1)
             time.sleep(0.005)
         stats = p.stats()["ray"]
-        assert stats["replacements"] == 1 and stats["joins"] == 1, stats
+        assert stats["replacements"] == 1 and stats["joins"] == joins + 1, stats
         assert [(a["id"], a["alive"]) for a in stats["actors"]] == [
             (0, False),
             (1, True),
