@@ -46,6 +46,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.stopping import stop_process
+
 HEALTH_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 5.0
 
@@ -110,8 +112,9 @@ class EtcdServer:
         return f"etcd://{self.endpoint}"
 
     def pause(self) -> None:
-        """SIGSTOP the server: connections are accepted by the kernel, nothing answers."""
-        os.kill(self.pid, signal.SIGSTOP)
+        """SIGSTOP the server (every thread stopped on return): connections are accepted
+        by the kernel, nothing answers."""
+        stop_process(self.pid)
 
     def resume(self) -> None:
         os.kill(self.pid, signal.SIGCONT)

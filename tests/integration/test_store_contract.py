@@ -5,7 +5,6 @@ etcd faults (a stalled server, failover) are in test_store_etcd_faults.py."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import select
@@ -26,6 +25,7 @@ from tests.integration._store_contract import (
     check_protocol,
     check_put_get_delete,
 )
+from tests.stopping import stop_process
 from zephon.checkpoint.stores.base import StaleRoundError
 from zephon.errors import AggregationError
 
@@ -275,22 +275,6 @@ def _read_line(proc: subprocess.Popen, timeout_s: float) -> str:
     return line.decode()
 
 
-def _wait_stopped(pid: int, timeout_s: float = 10.0) -> None:
-    """Until every thread of ``pid`` is in the stopped state (SIGSTOP takes effect as
-    each thread next runs; on a loaded machine that is not at once)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        states = set()
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            with contextlib.suppress(FileNotFoundError):
-                with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                    states.add(f.read().rsplit(")", 1)[1].split()[0])
-        if states <= {"T", "t"}:
-            return
-        assert time.monotonic() < deadline, f"process {pid} not stopped: {states}"
-        time.sleep(0.01)
-
-
 @pytest.mark.jax
 @pytest.mark.processes
 def test_jax_store_across_two_processes_and_a_stalled_coordinator():
@@ -326,9 +310,8 @@ def test_jax_store_across_two_processes_and_a_stalled_coordinator():
     try:
         expect(p0, "OK 0")
         expect(p1, "OK 1")
-        os.kill(p0.pid, signal.SIGSTOP)
+        stop_process(p0.pid)  # every thread of the coordinator's process, not soon
         try:
-            _wait_stopped(p0.pid)  # every thread of the coordinator's process, not soon
             p1.stdin.write(b"go\n")
             p1.stdin.flush()
             stalled_s = float(expect(p1, "STALL_OK").split()[1])
