@@ -20,6 +20,7 @@ it is ready.
 
 from __future__ import annotations
 
+import faulthandler
 import hashlib
 import json
 import signal
@@ -136,6 +137,9 @@ def preempted(path: str, stop_at: int, how: str) -> None:
 
 
 if __name__ == "__main__":
+    # SIGUSR1 writes every thread's stack to stderr (a C handler: also when the main thread
+    # cannot run Python), for the test to show where a parent that should have ended is.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     mode, args = sys.argv[1], sys.argv[2:]
     if mode == "churn":
         churn(args[0])

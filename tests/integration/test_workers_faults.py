@@ -9,6 +9,7 @@ that kill a parent also check that its processes never held a file in ``/dev/shm
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -236,6 +237,24 @@ def start_parent(mode: str, parents: set[int], *args: str) -> tuple[subprocess.P
     )
     parents.add(proc.pid)
     return proc, read_report(proc, mode)
+
+
+def communicate_or_show_stacks(proc: subprocess.Popen, timeout_s: float) -> tuple[str, str]:
+    """``proc.communicate(timeout=timeout_s)``; a parent still running then fails the test
+    with every thread's stack (SIGUSR1: see ``_fault_parent.py``) and what it wrote."""
+    try:
+        return proc.communicate(timeout=timeout_s)  # type: ignore[no-any-return]
+    except subprocess.TimeoutExpired:
+        os.kill(proc.pid, signal.SIGUSR1)
+        time.sleep(1.0)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(
+            f"the parent (pid {proc.pid}) was still running after {timeout_s:g} s; its "
+            f"stdout:\n{out[-2000:]}\nits stderr, with its threads' stacks at that "
+            f"moment:\n{err[-12000:]}"
+        ) from None
 
 
 def read_report(proc: subprocess.Popen, mode: str, timeout_s: float = 60) -> dict:
@@ -571,7 +590,7 @@ def test_ctrl_c_raises_keyboard_interrupt_quickly_and_cleans_up(leaks):
         time.sleep(0.3)
         t0 = time.monotonic()
         os.killpg(proc.pid, signal.SIGINT)  # as a terminal does: the whole process group
-        _, stderr = proc.communicate(timeout=10)
+        _, stderr = communicate_or_show_stacks(proc, 10)
         elapsed = time.monotonic() - t0
     finally:
         kill_group(proc)
