@@ -140,6 +140,11 @@ if __name__ == "__main__":
     # SIGUSR1 writes every thread's stack to stderr (a C handler: also when the main thread
     # cannot run Python), for the test to show where a parent that should have ended is.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
+    # Ctrl-C as a terminal's foreground job gets it, whatever the test process had: a
+    # process inherits SIGINT ignored or blocked (a background job's), and Python then
+    # raises no KeyboardInterrupt (CI's Ctrl-C test parent once never saw the signal).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     mode, args = sys.argv[1], sys.argv[2:]
     if mode == "churn":
         churn(args[0])

@@ -245,6 +245,8 @@ def communicate_or_show_stacks(proc: subprocess.Popen, timeout_s: float) -> tupl
     try:
         return proc.communicate(timeout=timeout_s)  # type: ignore[no-any-return]
     except subprocess.TimeoutExpired:
+        with open(f"/proc/{proc.pid}/status") as f:  # the signals it blocks, ignores, has
+            signals = "".join(line for line in f if line.startswith(("Sig", "ShdPnd")))
         os.kill(proc.pid, signal.SIGUSR1)
         time.sleep(1.0)
         with contextlib.suppress(ProcessLookupError):
@@ -252,8 +254,8 @@ def communicate_or_show_stacks(proc: subprocess.Popen, timeout_s: float) -> tupl
         out, err = proc.communicate()
         raise AssertionError(
             f"the parent (pid {proc.pid}) was still running after {timeout_s:g} s; its "
-            f"stdout:\n{out[-2000:]}\nits stderr, with its threads' stacks at that "
-            f"moment:\n{err[-12000:]}"
+            f"signals:\n{signals}its stdout:\n{out[-2000:]}\nits stderr, with its threads' "
+            f"stacks at that moment:\n{err[-12000:]}"
         ) from None
 
 
