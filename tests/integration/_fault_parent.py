@@ -142,7 +142,7 @@ if __name__ == "__main__":
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     # Ctrl-C as a terminal's foreground job gets it, whatever the test process had: a
     # process inherits SIGINT ignored or blocked (a background job's), and Python then
-    # raises no KeyboardInterrupt (CI's Ctrl-C test parent once never saw the signal).
+    # raises no KeyboardInterrupt (CI's Ctrl-C test parent twice never saw the signal).
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     mode, args = sys.argv[1], sys.argv[2:]
